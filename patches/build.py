@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Build llama-cpp-python 0.3.36 with the river patch series applied, cache the wheel, install it.
+
+The wheel is cached under $RIVER_EDGE_CACHE (default ~/.cache/river-edge) keyed by the hash of the
+series, the build flags and the CPU, so an unchanged series reinstalls in seconds and an installed
+build that already matches does nothing at all.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+VERSION = "0.3.36"
+HERE = Path(__file__).resolve().parent
+# Only what river-edge uses: the shared libraries.  No mtmd, tools, tests, examples or server.
+CMAKE_ARGS = [
+    "-DLLAVA_BUILD=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+]
+
+
+def series() -> list[Path]:
+    """Patches in the order named by patches/series (one file name per line)."""
+    names = [l.strip() for l in (HERE / "series").read_text().splitlines()]
+    return [HERE / n for n in names if n and not n.startswith("#")]
+
+
+def cpu_tag() -> str:
+    # GGML_NATIVE builds for this CPU: a cached wheel must not travel to a different one.
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()}:{flags}"
+
+
+def series_hash(extra_cmake: list[str]) -> str:
+    h = hashlib.sha256()
+    h.update(f"{VERSION}\n{sys.version_info[:2]}\n{cpu_tag()}\n".encode())
+    h.update(" ".join(CMAKE_ARGS + extra_cmake).encode())
+    for p in series():
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("RIVER_EDGE_CACHE", Path.home() / ".cache" / "river-edge")) / "runtime"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def run(cmd: list[str], **kw) -> None:
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def sdist(python: str) -> Path:
+    d = cache_dir() / "sdist"
+    found = list(d.glob(f"llama_cpp_python-{VERSION}.tar.gz"))
+    if not found:
+        run([python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={VERSION}", "-d", str(d)])
+        found = list(d.glob(f"llama_cpp_python-{VERSION}.tar.gz"))
+    return found[0]
+
+
+def prepare_tree(python: str, dest: Path) -> Path:
+    """Unpack the sdist into dest and apply the series to its vendored llama.cpp."""
+    with tarfile.open(sdist(python)) as tf:
+        tf.extractall(dest, filter="data")
+    root = dest / f"llama_cpp_python-{VERSION}"
+    for p in series():
+        run(["patch", "-p1", "--forward", "--batch", "-d", str(root / "vendor" / "llama.cpp"), "-i", str(p)])
+    return root
+
+
+def installed_tag(python: str) -> str | None:
+    out = subprocess.run([python, "-c", "import llama_cpp, pathlib; "
+                          "p = pathlib.Path(llama_cpp.__file__).with_name('RIVER_BUILD'); "
+                          "print(p.read_text().strip() if p.exists() else '')"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--python", default=sys.executable, help="interpreter of the target environment")
+    ap.add_argument("--cmake-args", default=os.environ.get("RIVER_CMAKE_ARGS", ""),
+                    help="extra CMake flags, e.g. -DGGML_CUDA=ON (part of the cache key)")
+    ap.add_argument("--source-only", metavar="DIR", help="only unpack and patch the tree into DIR")
+    ap.add_argument("--force", action="store_true", help="rebuild even if a cached wheel exists")
+    args = ap.parse_args()
+    extra = args.cmake_args.split()
+
+    if args.source_only:
+        print(prepare_tree(args.python, Path(args.source_only)))
+        return 0
+
+    tag = series_hash(extra)
+    if not args.force and installed_tag(args.python) == tag:
+        print(f"patched llama-cpp-python {tag} already installed")
+        return 0
+    wheels = cache_dir() / "wheels" / tag
+    if args.force or not any(wheels.glob("*.whl")):
+        with tempfile.TemporaryDirectory(prefix="river-build-") as tmp:
+            root = prepare_tree(args.python, Path(tmp))
+            (root / "llama_cpp" / "RIVER_BUILD").write_text(tag + "\n")
+            # The marker file must ship in the wheel: scikit-build-core packages llama_cpp/ whole.
+            env = dict(os.environ, CMAKE_ARGS=" ".join(CMAKE_ARGS + extra),
+                       CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+            out = Path(tmp) / "wheel"
+            run([args.python, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(root)], env=env)
+            wheels.mkdir(parents=True, exist_ok=True)
+            for w in out.glob("*.whl"):
+                shutil.copy2(w, wheels / w.name)
+    wheel = next(wheels.glob("*.whl"))
+    run([args.python, "-m", "pip", "install", "--force-reinstall", "--no-deps", "-q", str(wheel)])
+    # Its own small dependencies (numpy, jinja2, diskcache, typing-extensions) if missing.
+    run([args.python, "-m", "pip", "install", "-q", "typing-extensions>=4.5.0", "numpy>=1.20.0",
+         "diskcache>=5.6.1", "jinja2>=2.11.3"])
+    print(f"installed patched llama-cpp-python {tag}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
