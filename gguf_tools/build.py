@@ -1,0 +1,282 @@
+"""Build a river GGUF from a base GGUF (gguf_tools/FORMAT.md), and rewrite its river.* keys."""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as V, GGUFWriter
+from gguf.quants import dequantize
+
+import river_edge
+from river_edge import format as F
+from river_edge.format import RiverError
+
+from . import quant
+from .reader import ggml_shape, n_dims, open_gguf, raw_value, value
+
+Progress = Callable[[int, int, str], None]  # (done, total, tensor name), after each tensor written
+_FLOAT = {T.F32, T.F16, T.BF16}  # plus every quantized type: what a backbone conversion touches
+_INT = {T.I8, T.I16, T.I32, T.I64, T.F64}
+
+
+class _Tensor:
+    """One tensor to write: name, ggml shape and type, and a function giving its data when written."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], qtype: T, data: Callable[[], np.ndarray]):
+        self.name, self.shape, self.qtype, self.data = name, shape, qtype, data
+
+    @property
+    def nbytes(self) -> int:
+        block, size = GGML_QUANT_SIZES[self.qtype]
+        return math.prod(self.shape) // block * size
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def to_f32(data: np.ndarray, qtype: T, name: str = "") -> np.ndarray:
+    """A tensor's values as float32 (numpy shape, ne0 last), by gguf-py's dequantizer."""
+    try:
+        return np.asarray(dequantize(data, qtype), dtype=np.float32)
+    except NotImplementedError:
+        raise RiverError(f"tensor {name}: gguf-py cannot dequantize type {qtype.name}") from None
+
+
+def _arch(r, path: Path) -> tuple[str, int]:
+    arch = value(r, "general.architecture")
+    if arch not in F.ARCHITECTURES:
+        raise RiverError(f"{path}: unsupported architecture '{arch}': river-edge supports {', '.join(F.ARCHITECTURES)}")
+    n_layer = value(r, f"{arch}.block_count")
+    if not isinstance(n_layer, int) or n_layer < 1:
+        raise RiverError(f"{path}: missing or bad {arch}.block_count")
+    return arch, n_layer
+
+
+def _f16(x: np.ndarray, name: str) -> np.ndarray:
+    y = x.astype(np.float16)
+    if not np.isfinite(y).all():
+        raise RiverError(f"tensor {name} has values outside the float16 range (or NaN): use backbone 'keep'")
+    return y
+
+
+def _convert(t, backbone: str) -> _Tensor:
+    """A source tensor as the backbone keeps it: FORMAT.md's keep / f16 / q8_0."""
+    shape, qt = ggml_shape(t), t.tensor_type
+    keep = _Tensor(t.name, shape, qt, lambda: t.data)
+    if backbone == "keep" or n_dims(shape) < 2 or qt in _INT:
+        return keep
+    target = T.F16
+    if backbone == "q8_0" and quant.fits(T.Q8_0, shape[0]):
+        target = T.Q8_0
+    if qt == target:
+        return keep  # re-quantizing Q8_0 would drift; F16 is already exact
+    if target == T.F16:
+        return _Tensor(t.name, shape, T.F16, lambda: _f16(to_f32(t.data, qt, t.name), t.name))
+    return _Tensor(t.name, shape, T.Q8_0, lambda: quant.quantize(to_f32(t.data, qt, t.name), T.Q8_0))
+
+
+def load_imatrix(imatrix: Mapping[str, np.ndarray] | str | Path) -> tuple[dict[str, np.ndarray], str]:
+    """({backbone tensor name: importance per input column}, sha256) from a dict or a llama.cpp imatrix GGUF.
+
+    The GGUF form is what `llama-imatrix` writes: `<name>.in_sum2` (sum of squared activations) and
+    `<name>.counts`; the importance is their quotient.
+    """
+    if isinstance(imatrix, Mapping):
+        out = {k: np.asarray(v, dtype=np.float32).reshape(-1) for k, v in imatrix.items()}
+        h = hashlib.sha256()
+        for k in sorted(out):
+            h.update(k.encode() + b"\0" + out[k].tobytes())
+        return out, h.hexdigest()
+    r = open_gguf(imatrix)
+    tensors = {t.name: t for t in r.tensors}
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(".in_sum2") and (c := tensors.get(name[:-8] + ".counts")) is not None:
+            counts = np.maximum(np.asarray(c.data, dtype=np.float32).reshape(-1, 1), 1)
+            out[name[:-8]] = (np.asarray(t.data, dtype=np.float32) / counts)[0]  # dense weights: one matrix
+    if not out:
+        raise RiverError(f"{imatrix}: no importance matrix in it (no <name>.in_sum2 / <name>.counts tensors)")
+    return out, sha256_file(imatrix)
+
+
+def _layer_types(layer_types: str | Sequence[str] | None, river: str, n_layer: int) -> list[str]:
+    types = [layer_types] * n_layer if isinstance(layer_types, str) else list(layer_types or [river] * n_layer)
+    if len(types) != n_layer:
+        raise RiverError(f"layer_types has {len(types)} entries; the model has {n_layer} layers")
+    types = [str(x).lower() for x in types]
+    for x in types:
+        if x not in F.RIVER_TYPES:
+            raise RiverError(f"unknown river type {x!r}: use one of {', '.join(F.RIVER_TYPES)}")
+    return types
+
+
+def _river_tensor(bt: _Tensor, layer: int, weight: str, rtype: str, imatrix: dict[str, np.ndarray]) -> _Tensor:
+    n_per_row = bt.shape[0]
+    qt = quant.type_for_row(quant.ggml_type(rtype), n_per_row)
+    if not quant.fits(qt, n_per_row):
+        raise RiverError(f"river type {rtype} cannot hold {bt.name}: rows of {n_per_row} are not a multiple of {GGML_QUANT_SIZES[qt][0]}")
+    im = imatrix.get(bt.name)
+    if im is not None and im.size != n_per_row:
+        raise RiverError(f"importance matrix for {bt.name} has {im.size} values; the tensor has rows of {n_per_row}")
+    # From the backbone as converted (what the runtime's backbone holds), not from the source.
+    return _Tensor(F.river_tensor(layer, weight), bt.shape, qt,
+                   lambda: quant.quantize(to_f32(bt.data(), bt.qtype, bt.name), qt, im))
+
+
+def _kv(r, skip: set[str]) -> list[tuple[str, object, V, V | None]]:
+    """The source's keys as GGUFWriter takes them, less gguf-py's synthetic GGUF.* header fields."""
+    out = []
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k in skip:
+            continue
+        out.append((k, *raw_value(f)))
+    return out
+
+
+def _river_kv(river: str, types: list[str], backbone: str, source_sha: str, imatrix_sha: str) -> list[tuple]:
+    n = len(types)
+    return [
+        (F.KEY_VERSION, F.FORMAT_VERSION, V.UINT32, None),
+        (F.KEY_TYPE, river, V.STRING, None),
+        (F.KEY_LAYER_TYPES, types, V.ARRAY, V.STRING),
+        (F.KEY_BACKBONE_TYPE, backbone, V.STRING, None),
+        (F.KEY_THRESHOLDS, [math.inf] * n, V.ARRAY, V.FLOAT32),
+        (F.KEY_MIN_EXIT, F.DEFAULT_MIN_EXIT_LAYER, V.UINT32, None),
+        (F.KEY_CALIBRATED, False, V.BOOL, None),
+        (F.KEY_FIT_SUMMARY, "", V.STRING, None),
+        (F.KEY_SOURCE_SHA, source_sha, V.STRING, None),
+        (F.KEY_TOOL_VERSION, river_edge.__version__, V.STRING, None),
+        (F.KEY_IMATRIX_SHA, imatrix_sha, V.STRING, None),
+    ]
+
+
+def _write(dst: Path, arch: str, kv: list[tuple], tensors: list[_Tensor], progress: Progress | None) -> None:
+    """Write a GGUF to a temporary file beside `dst`, then rename it over `dst` (never half a file).
+
+    Tensor infos go out first and the data one tensor at a time, so at most one converted tensor
+    (plus its float32 copy) is in memory at once.
+    """
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".part")
+    os.close(fd)
+    try:
+        w = GGUFWriter(tmp, arch)
+        for key, val, vtype, sub in kv:
+            if key == "general.alignment":
+                w.data_alignment = int(val)
+            # add_key_value, not add_string/add_array: those silently drop empty values.
+            w.add_key_value(key, val, vtype, sub)
+        for t in tensors:
+            # numpy order with a non-uint8 dtype: GGUFWriter reverses it back to the ggml shape.
+            w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for i, t in enumerate(tensors):
+            data = np.ascontiguousarray(t.data())
+            if data.nbytes != t.nbytes:
+                raise RiverError(f"tensor {t.name}: {data.nbytes} bytes of data for {t.nbytes} expected")
+            w.write_tensor_data(data)
+            if progress:
+                progress(i + 1, len(tensors), t.name)
+        w.close()
+        os.replace(tmp, dst)
+    except OSError as e:
+        raise RiverError(f"{dst}: cannot write ({e.strerror or e})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _check_dst(src: Path, dst: Path, same_ok: bool) -> None:
+    if not same_ok and dst.exists() and dst.resolve() == src.resolve():
+        raise RiverError(f"{dst}: the output would overwrite the input; choose another path")
+    if not dst.parent.is_dir():
+        raise RiverError(f"{dst}: folder {dst.parent} does not exist")
+
+
+def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: str = "q4_0",
+                layer_types: str | Sequence[str] | None = None,
+                imatrix: Mapping[str, np.ndarray] | str | Path | None = None,
+                progress: Progress | None = None) -> Path:
+    """Write a river GGUF at `dst` from the base GGUF `src` (never modified); returns `dst`.
+
+    `backbone`: keep | f16 | q8_0. `river`: the default river type; `layer_types` one type per layer
+    (overrides `river`). `imatrix`: {backbone tensor name: float32[n_per_row]} or a llama-imatrix GGUF.
+    k-quant river types fall back per tensor as llama-quantize does when rows are not a multiple of 256.
+    """
+    src, dst = Path(src), Path(dst)
+    if backbone not in F.BACKBONE_TYPES:
+        raise RiverError(f"unknown backbone type {backbone!r}: use one of {', '.join(F.BACKBONE_TYPES)}")
+    _check_dst(src, dst, same_ok=False)
+    r = open_gguf(src)
+    arch, n_layer = _arch(r, src)
+    if any(t.name.startswith("river.") for t in r.tensors) or F.KEY_VERSION in r.fields:
+        raise RiverError(f"{src}: already a river GGUF; build from the base model")
+    if (value(r, "split.count") or 1) > 1:
+        raise RiverError(f"{src}: split GGUFs are not supported; merge the parts first (llama-gguf-split --merge)")
+    river = river.lower()
+    _layer_types(river, river, 1)  # the default type must be a river type too
+    types = _layer_types(layer_types, river, n_layer)
+    im, im_sha = load_imatrix(imatrix) if imatrix is not None else ({}, "")
+
+    backbone_tensors = [_convert(t, backbone) for t in r.tensors]
+    by_name = {t.name: t for t in backbone_tensors}
+    river_tensors = []
+    for i in range(n_layer):
+        for w in F.LAYER_WEIGHTS:
+            bt = by_name.get(F.backbone_tensor(i, w))
+            if bt is None:
+                raise RiverError(f"{src}: tensor {F.backbone_tensor(i, w)} is missing")
+            river_tensors.append(_river_tensor(bt, i, w, types[i], im))
+
+    kv = _kv(r, skip={"general.architecture", "general.file_type"})
+    ft = quant.FILE_TYPES[backbone] if backbone != "keep" else value(r, "general.file_type")
+    if ft is not None:
+        kv.insert(0, ("general.file_type", int(ft), V.UINT32, None))
+    kv += _river_kv(river, types, backbone, sha256_file(src), im_sha)
+    _write(dst, arch, kv, backbone_tensors + river_tensors, progress)
+    return dst
+
+
+def set_river_keys(src: str | Path, dst: str | Path, *, thresholds: Sequence[float] | None = None,
+                   min_exit_layer: int | None = None, calibrated: bool | None = None,
+                   fit_summary: str | None = None) -> Path:
+    """Copy the river GGUF `src` to `dst` with the given river.* keys replaced (None: unchanged).
+
+    `dst` may be `src`: the file is replaced atomically, so a reader never sees a half-written one.
+    """
+    src, dst = Path(src), Path(dst)
+    _check_dst(src, dst, same_ok=True)
+    r = open_gguf(src)
+    arch, n_layer = _arch(r, src)
+    if F.KEY_VERSION not in r.fields:
+        raise RiverError(f"{src}: not a river GGUF (no {F.KEY_VERSION}); run river build first")
+    new: dict[str, tuple] = {}
+    if thresholds is not None:
+        th = [float(x) for x in thresholds]
+        if len(th) != n_layer or any(math.isnan(x) for x in th):
+            raise RiverError(f"thresholds: need {n_layer} numbers (no NaN), got {len(th)}")
+        new[F.KEY_THRESHOLDS] = (th, V.ARRAY, V.FLOAT32)
+    if min_exit_layer is not None:
+        if not 0 <= int(min_exit_layer) < n_layer:
+            raise RiverError(f"min_exit_layer {min_exit_layer} out of range 0..{n_layer - 1}")
+        new[F.KEY_MIN_EXIT] = (int(min_exit_layer), V.UINT32, None)
+    if calibrated is not None:
+        new[F.KEY_CALIBRATED] = (bool(calibrated), V.BOOL, None)
+    if fit_summary is not None:
+        new[F.KEY_FIT_SUMMARY] = (str(fit_summary), V.STRING, None)
+    kv = [(k, *new.pop(k)) if k in new else (k, v, t, s) for k, v, t, s in _kv(r, skip={"general.architecture"})]
+    kv += [(k, *x) for k, x in new.items()]  # keys the source lacked
+    tensors = [_Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data) for t in r.tensors]
+    _write(dst, arch, kv, tensors, None)
+    return dst
