@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny random models (base and river GGUFs), written once per test session.
+
+tiny_llama / tiny_qwen2 are river GGUFs (f16 backbone, q4_0 river, thresholds +inf);
+tiny_llama_base / tiny_qwen2_base their sources. Treat them as read-only: copy before changing.
+The llama base is Q4_1 with a separate output.weight (SmolLM2 ships Q4_1); the qwen2 base is Q8_0
+with tied embeddings (no output.weight, as Qwen2.5-0.5B/1.5B) and q/k/v biases.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from river_edge.gguf_tools.build import build_river
+from river_edge.gguf_tools.tiny import write_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_base(tiny_dir) -> Path:
+    return write_tiny_model(tiny_dir / "tiny-llama-base.gguf", "llama", wtype="q4_1", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_base(tiny_dir) -> Path:
+    return write_tiny_model(tiny_dir / "tiny-qwen2-base.gguf", "qwen2", wtype="q8_0", tie_embeddings=True, seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_llama_base, tiny_dir) -> Path:
+    return build_river(tiny_llama_base, tiny_dir / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_qwen2_base, tiny_dir) -> Path:
+    return build_river(tiny_qwen2_base, tiny_dir / "tiny-qwen2.gguf")

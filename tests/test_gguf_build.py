@@ -1,0 +1,256 @@
+"""build_river / set_river_keys / write_tiny_model: contents of the written river GGUFs."""
+import hashlib
+import math
+import shutil
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
+from gguf.quants import dequantize
+
+import river_edge
+from river_edge import format as F
+from river_edge.format import RiverError
+from river_edge.gguf_tools import build_river, quant, set_river_keys, validate, write_tiny_model
+from river_edge.gguf_tools.reader import ggml_shape, value
+
+from gguf_edit import DROP, rewrite
+
+
+def tensors(path):
+    return {t.name: t for t in GGUFReader(path).tensors}
+
+
+def keys(path):
+    r = GGUFReader(path)
+    return {k: value(r, k) for k in r.fields if not k.startswith("GGUF.")}
+
+
+def sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def f32(t):
+    return dequantize(t.data, t.tensor_type)
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def base(request, tiny_llama_base, tiny_qwen2_base):
+    return {"llama": tiny_llama_base, "qwen2": tiny_qwen2_base}[request.param]
+
+
+def test_keep_carries_everything_over(base, tmp_path):
+    before = sha(base)
+    out = build_river(base, tmp_path / "r.gguf", backbone="keep")
+    assert sha(base) == before  # the input is never touched
+    src, dst = tensors(base), tensors(out)
+    for name, t in src.items():
+        assert ggml_shape(dst[name]) == ggml_shape(t) and dst[name].tensor_type == t.tensor_type
+        assert np.array_equal(dst[name].data, t.data), name
+    src_keys, dst_keys = keys(base), keys(out)
+    assert {k: v for k, v in dst_keys.items() if not k.startswith("river.")} == src_keys
+    n_layer = src_keys[f"{src_keys['general.architecture']}.block_count"]
+    assert set(dst) - set(src) == {F.river_tensor(i, w) for i in range(n_layer) for w in F.LAYER_WEIGHTS}
+    assert dst_keys[F.KEY_THRESHOLDS] == [math.inf] * n_layer
+    assert dst_keys[F.KEY_MIN_EXIT] == 1 and dst_keys[F.KEY_CALIBRATED] is False
+    assert dst_keys[F.KEY_FIT_SUMMARY] == "" and dst_keys[F.KEY_IMATRIX_SHA] == ""
+    assert dst_keys[F.KEY_SOURCE_SHA] == before and dst_keys[F.KEY_TOOL_VERSION] == river_edge.__version__
+    assert dst_keys[F.KEY_BACKBONE_TYPE] == "keep" and dst_keys[F.KEY_LAYER_TYPES] == ["q4_0"] * n_layer
+    assert validate(out) == []
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen2"])
+def test_f16_backbone_is_the_source_upcast(fixture, request):
+    river = request.getfixturevalue(fixture)
+    src, dst = tensors(request.getfixturevalue(fixture + "_base")), tensors(river)
+    for name, t in src.items():
+        d = dst[name]
+        assert ggml_shape(d) == ggml_shape(t)
+        if len(t.shape) >= 2:
+            assert d.tensor_type == T.F16
+            assert np.array_equal(d.data, f32(t).astype(np.float16)), name
+        else:
+            assert d.tensor_type == T.F32 and np.array_equal(d.data, t.data)
+    assert keys(river)["general.file_type"] == 1
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen2"])
+def test_river_is_ggml_quantization_of_the_backbone(fixture, request):
+    river = request.getfixturevalue(fixture)
+    ts = tensors(river)
+    rivers = [t for n, t in ts.items() if n.startswith("river.")]
+    assert len(rivers) == 4 * len(F.LAYER_WEIGHTS)
+    for t in rivers:
+        b = ts[t.name.removeprefix("river.")]
+        assert t.tensor_type == T.Q4_0 and ggml_shape(t) == ggml_shape(b)
+        mine = quant.quantize(f32(b), "q4_0")
+        assert np.array_equal(t.data, mine), t.name
+        assert np.array_equal(f32(t), dequantize(mine, T.Q4_0))
+
+
+def test_q8_0_backbone(tiny_qwen2_base, tmp_path):
+    out = build_river(tiny_qwen2_base, tmp_path / "r.gguf", backbone="q8_0", river="q5_1")
+    src, dst = tensors(tiny_qwen2_base), tensors(out)
+    for name, t in src.items():
+        want = T.Q8_0 if len(t.shape) >= 2 else T.F32
+        assert dst[name].tensor_type == want
+        assert np.array_equal(dst[name].data, t.data)  # the source is Q8_0 already: kept, not re-quantized
+    for i in range(4):
+        r, b = dst[F.river_tensor(i, "ffn_up")], dst[F.backbone_tensor(i, "ffn_up")]
+        assert r.tensor_type == T.Q5_1 and np.array_equal(r.data, quant.quantize(f32(b), "q5_1"))
+    assert keys(out)["general.file_type"] == 7
+
+
+def test_q8_0_backbone_requantizes_other_types(tiny_llama_base, tmp_path):
+    out = build_river(tiny_llama_base, tmp_path / "r.gguf", backbone="q8_0")
+    src, dst = tensors(tiny_llama_base), tensors(out)
+    t = src["blk.0.attn_q.weight"]
+    assert np.array_equal(dst[t.name].data, quant.quantize(f32(t), "q8_0"))
+
+
+def test_per_layer_types_and_k_fallback(tiny_llama_base, tmp_path):
+    types = ["q8_0", "q5_0", "q4_1", "q4_k"]
+    out = build_river(tiny_llama_base, tmp_path / "r.gguf", layer_types=types)
+    ts = tensors(out)
+    want = {0: T.Q8_0, 1: T.Q5_0, 2: T.Q4_1, 3: T.Q5_0}  # q4_k with rows of 64/128 -> q5_0, as llama-quantize
+    for i, qt in want.items():
+        assert {ts[F.river_tensor(i, w)].tensor_type for w in F.LAYER_WEIGHTS} == {qt}
+    assert keys(out)[F.KEY_LAYER_TYPES] == types and keys(out)[F.KEY_TYPE] == "q4_0"
+    assert validate(out) == []
+
+
+def test_imatrix_for_q4_k(tmp_path):
+    base = write_tiny_model(tmp_path / "b.gguf", "llama", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=256)
+    rng = np.random.default_rng(3)
+    im = {F.backbone_tensor(i, w): rng.uniform(0.1, 10, 256).astype(np.float32) for i in range(2) for w in F.LAYER_WEIGHTS}
+    a = build_river(base, tmp_path / "a.gguf", river="q4_k", imatrix=im)
+    plain = build_river(base, tmp_path / "p.gguf", river="q4_k")
+    ta, tp = tensors(a), tensors(plain)
+    for name, w in im.items():
+        r = ta["river." + name]
+        assert r.tensor_type == T.Q4_K
+        assert np.array_equal(r.data, quant.quantize(f32(ta[name]), "q4_k", w))
+        assert not np.array_equal(r.data, tp["river." + name].data)
+    assert len(keys(a)[F.KEY_IMATRIX_SHA]) == 64 and keys(plain)[F.KEY_IMATRIX_SHA] == ""
+
+    # the same importance as a llama-imatrix GGUF (<name>.in_sum2 / <name>.counts) gives the same river
+    w = GGUFWriter(tmp_path / "imatrix.gguf", "imatrix")
+    for name, v in im.items():
+        w.add_tensor(name + ".in_sum2", (v * 4).reshape(1, -1))  # x4 / 4: exact in float32
+        w.add_tensor(name + ".counts", np.array([[4.0]], np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    b = build_river(base, tmp_path / "b2.gguf", river="q4_k", imatrix=tmp_path / "imatrix.gguf")
+    tb = tensors(b)
+    assert all(np.array_equal(tb["river." + n].data, ta["river." + n].data) for n in im)
+    assert keys(b)[F.KEY_IMATRIX_SHA] == sha(tmp_path / "imatrix.gguf")
+
+
+def test_set_river_keys(tiny_llama, tmp_path):
+    path = shutil.copy(tiny_llama, tmp_path / "r.gguf")
+    before = tensors(tiny_llama)
+    set_river_keys(path, path, thresholds=[0.9, 0.8, 0.7, math.inf], min_exit_layer=2, calibrated=True,
+                   fit_summary='{"ok": 1}')
+    k = keys(path)
+    assert k[F.KEY_THRESHOLDS] == pytest.approx([0.9, 0.8, 0.7, math.inf])
+    assert (k[F.KEY_MIN_EXIT], k[F.KEY_CALIBRATED], k[F.KEY_FIT_SUMMARY]) == (2, True, '{"ok": 1}')
+    assert {n: v for n, v in k.items() if n not in (F.KEY_THRESHOLDS, F.KEY_MIN_EXIT, F.KEY_CALIBRATED, F.KEY_FIT_SUMMARY)} == \
+        {n: v for n, v in keys(tiny_llama).items() if n not in (F.KEY_THRESHOLDS, F.KEY_MIN_EXIT, F.KEY_CALIBRATED, F.KEY_FIT_SUMMARY)}
+    after = tensors(path)
+    assert all(np.array_equal(after[n].data, t.data) and ggml_shape(after[n]) == ggml_shape(t) for n, t in before.items())
+    assert validate(path) == []
+    set_river_keys(path, tmp_path / "again.gguf", calibrated=False)  # untouched keys stay
+    assert keys(tmp_path / "again.gguf")[F.KEY_MIN_EXIT] == 2
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(thresholds=[0.5]), "need 4 numbers"),
+    (dict(thresholds=[0.5, math.nan, 1, 1]), "no NaN"),
+    (dict(min_exit_layer=4), "out of range 0..3"),
+])
+def test_set_river_keys_rejects(tiny_llama, tmp_path, kwargs, fragment):
+    with pytest.raises(RiverError, match=fragment):
+        set_river_keys(tiny_llama, tmp_path / "x.gguf", **kwargs)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_set_river_keys_needs_a_river_gguf(tiny_llama_base, tmp_path):
+    with pytest.raises(RiverError, match="not a river GGUF"):
+        set_river_keys(tiny_llama_base, tmp_path / "x.gguf", calibrated=True)
+
+
+def test_dst_equal_src_refused(tiny_llama_base, tmp_path, monkeypatch):
+    copy = shutil.copy(tiny_llama_base, tmp_path / "m.gguf")
+    before = sha(copy)
+    monkeypatch.chdir(tmp_path)
+    for dst in (copy, "m.gguf", tmp_path / "." / "m.gguf"):
+        with pytest.raises(RiverError, match="would overwrite the input"):
+            build_river(copy, dst)
+    assert sha(copy) == before and [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+
+
+def _gemma(tmp_path):
+    w = GGUFWriter(tmp_path / "gemma.gguf", "gemma3")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return tmp_path / "gemma.gguf"
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("missing", "missing.gguf: file not found"),
+    ("not gguf", "not a GGUF file (bad magic)"),
+    ("truncated", "truncated"),
+    ("gemma3", "unsupported architecture 'gemma3': river-edge supports llama, qwen2"),
+    ("river", "already a river GGUF"),
+    ("no ffn_gate", "tensor blk.1.ffn_gate.weight is missing"),
+    ("backbone", "unknown backbone type 'q4_0'"),
+    ("river type", "unknown river type 'q2_k'"),
+    ("layer types", "layer_types has 3 entries; the model has 4 layers"),
+    ("dst folder", "does not exist"),
+    ("imatrix length", "importance matrix for blk.0.attn_q.weight has 3 values"),
+])
+def test_bad_input(case, fragment, tiny_llama_base, tiny_llama, tmp_path):
+    src, dst, kw = tiny_llama_base, tmp_path / "out.gguf", {}
+    if case == "missing":
+        src = tmp_path / "missing.gguf"
+    elif case == "not gguf":
+        src = tmp_path / "x.gguf"
+        src.write_bytes(b"PK\x03\x04 not a model")
+    elif case == "truncated":
+        src = tmp_path / "t.gguf"
+        src.write_bytes(tiny_llama_base.read_bytes()[:5000])
+    elif case == "gemma3":
+        src = _gemma(tmp_path)
+    elif case == "river":
+        src = tiny_llama
+    elif case == "no ffn_gate":
+        src = rewrite(tiny_llama_base, tmp_path / "s.gguf", tensors={"blk.1.ffn_gate.weight": DROP})
+    elif case == "backbone":
+        kw = dict(backbone="q4_0")
+    elif case == "river type":
+        kw = dict(river="q2_k")
+    elif case == "layer types":
+        kw = dict(layer_types=["q4_0"] * 3)
+    elif case == "dst folder":
+        dst = tmp_path / "nope" / "out.gguf"
+    elif case == "imatrix length":
+        kw = dict(imatrix={"blk.0.attn_q.weight": np.ones(3)})
+    with pytest.raises(RiverError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        build_river(src, dst, **kw)
+    assert not dst.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_progress_is_reported(tiny_qwen2_base, tmp_path):
+    seen = []
+    build_river(tiny_qwen2_base, tmp_path / "r.gguf", progress=lambda done, total, name: seen.append((done, total, name)))
+    assert [d for d, _, _ in seen] == list(range(1, len(seen) + 1)) and seen[-1][1] == len(seen)
+    assert seen[-1][2] == "river.blk.3.ffn_down.weight"
+
+
+def test_tiny_model(tmp_path):
+    p = write_tiny_model(tmp_path / "t.gguf", "qwen2", river="q4_0", backbone="keep")
+    assert validate(p) == [] and keys(p)[F.KEY_BACKBONE_TYPE] == "keep"
+    assert [f.name for f in tmp_path.iterdir()] == ["t.gguf"]  # the temporary base is gone
+    ts = tensors(p)
+    assert "blk.0.attn_k.bias" in ts and "output.weight" in ts
+    assert keys(p)["tokenizer.chat_template"].startswith("{% for message in messages %}")
