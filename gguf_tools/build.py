@@ -189,6 +189,9 @@ def _write(dst: Path, arch: str, kv: list[tuple], tensors: list[_Tensor], progre
             if progress:
                 progress(i + 1, len(tensors), t.name)
         w.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the result is an ordinary file
         os.replace(tmp, dst)
     except OSError as e:
         raise RiverError(f"{dst}: cannot write ({e.strerror or e})") from None
