@@ -19,8 +19,7 @@ from river_edge.format import RiverError
 from . import quant
 from .reader import ggml_shape, n_dims, open_gguf, raw_value, value
 
-Progress = Callable[[int, int, str], None]  # (done, total, tensor name), after each tensor written
-_FLOAT = {T.F32, T.F16, T.BF16}  # plus every quantized type: what a backbone conversion touches
+Progress = Callable[[int, int, str], None]  # (done, total, what): after each tensor written, and (0, total, ...) first
 _INT = {T.I8, T.I16, T.I32, T.I64, T.F64}
 
 
@@ -160,6 +159,15 @@ def _river_kv(river: str, types: list[str], backbone: str, source_sha: str, imat
     ]
 
 
+class _Writer(GGUFWriter):
+    def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+        # An empty array is valid GGUF that gguf-py refuses to write; carry it over all the same.
+        if vtype == V.ARRAY and len(val) == 0:
+            head = self._pack("I", vtype) if add_vtype else b""
+            return head + self._pack("I", sub_type or V.UINT8) + self._pack("Q", 0)
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+
 def _write(dst: Path, arch: str, kv: list[tuple], tensors: list[_Tensor], progress: Progress | None) -> None:
     """Write a GGUF to a temporary file beside `dst`, then rename it over `dst` (never half a file).
 
@@ -169,7 +177,7 @@ def _write(dst: Path, arch: str, kv: list[tuple], tensors: list[_Tensor], progre
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".part")
     os.close(fd)
     try:
-        w = GGUFWriter(tmp, arch)
+        w = _Writer(tmp, arch)
         for key, val, vtype, sub in kv:
             if key == "general.alignment":
                 w.data_alignment = int(val)
@@ -246,8 +254,11 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
     ft = quant.FILE_TYPES[backbone] if backbone != "keep" else value(r, "general.file_type")
     if ft is not None:
         kv.insert(0, ("general.file_type", int(ft), V.UINT32, None))
+    out = backbone_tensors + river_tensors
+    if progress:
+        progress(0, len(out), "sha256 of the source")  # seconds on a 1 GB model: say so
     kv += _river_kv(river, types, backbone, sha256_file(src), im_sha)
-    _write(dst, arch, kv, backbone_tensors + river_tensors, progress)
+    _write(dst, arch, kv, out, progress)
     return dst
 
 

@@ -55,7 +55,7 @@ def raw_value(f) -> tuple[Any, GGUFValueType, GGUFValueType | None]:
     if t == GGUFValueType.STRING:
         return bytes(f.parts[-1]), t, None
     if t == GGUFValueType.ARRAY:
-        sub = f.types[1] if len(f.types) > 1 else GGUFValueType.UINT8
+        sub = GGUFValueType(int(f.parts[3][0]))  # from the file: f.types lacks it for an empty array
         if sub == GGUFValueType.ARRAY:
             raise RiverError(f"key {f.name}: nested arrays are not supported")
         if sub == GGUFValueType.STRING:

@@ -5,7 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType as T, GGUFReader, GGUFValueType as V, GGUFWriter
 from gguf.quants import dequantize
 
 import river_edge
@@ -86,6 +86,16 @@ def test_river_is_ggml_quantization_of_the_backbone(fixture, request):
         mine = quant.quantize(f32(b), "q4_0")
         assert np.array_equal(t.data, mine), t.name
         assert np.array_equal(f32(t), dequantize(mine, T.Q4_0))
+
+
+def test_odd_keys_survive(tiny_llama_base, tmp_path):
+    odd = {"test.empty": ([], V.ARRAY, V.INT32), "test.empty_str": ("", V.STRING), "test.bytes": ("\u00e9\u4e2d", V.STRING),
+           "test.f64": (1e300, V.FLOAT64), "test.i8": (-3, V.INT8)}
+    src = rewrite(tiny_llama_base, tmp_path / "odd.gguf", keys=odd)
+    out = build_river(src, tmp_path / "r.gguf", backbone="keep")
+    r = GGUFReader(out)
+    assert r.fields["test.empty"].parts[3][0] == V.INT32 and value(r, "test.empty") == []
+    assert {k: value(r, k) for k in odd if k != "test.empty"} == {k: v[0] for k, v in odd.items() if k != "test.empty"}
 
 
 def test_q8_0_backbone(tiny_qwen2_base, tmp_path):
@@ -243,7 +253,7 @@ def test_bad_input(case, fragment, tiny_llama_base, tiny_llama, tmp_path):
 def test_progress_is_reported(tiny_qwen2_base, tmp_path):
     seen = []
     build_river(tiny_qwen2_base, tmp_path / "r.gguf", progress=lambda done, total, name: seen.append((done, total, name)))
-    assert [d for d, _, _ in seen] == list(range(1, len(seen) + 1)) and seen[-1][1] == len(seen)
+    assert [d for d, _, _ in seen] == list(range(len(seen))) and seen[-1][1] == len(seen) - 1
     assert seen[-1][2] == "river.blk.3.ffn_down.weight"
 
 
