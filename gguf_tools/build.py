@@ -209,7 +209,7 @@ def _write(dst: Path, arch: str, kv: list[tuple], tensors: list[_Tensor], progre
 
 
 def _check_dst(src: Path, dst: Path, same_ok: bool) -> None:
-    if not same_ok and dst.exists() and dst.resolve() == src.resolve():
+    if not same_ok and src.exists() and dst.exists() and os.path.samefile(src, dst):  # symlinks, hard links too
         raise RiverError(f"{dst}: the output would overwrite the input; choose another path")
     if not dst.parent.is_dir():
         raise RiverError(f"{dst}: folder {dst.parent} does not exist")

@@ -11,6 +11,7 @@ from gguf import GGUFWriter, LlamaFileType, TokenType
 from river_edge.format import ARCHITECTURES, RiverError
 
 from . import quant
+from .build import build_river
 
 # ChatML, as SmolLM2-Instruct and Qwen2.5-Instruct use; llama.cpp's chat handler renders it.
 CHAT_TEMPLATE = (
@@ -57,7 +58,7 @@ def write_tiny_model(path: str | Path, arch: str = "llama", n_layer: int = 4, n_
     """Write a random model at `path`; with `river` a river GGUF (built from it with `backbone`).
 
     `wtype` is the type of the 2-D weights (f32, or a ggml type such as q4_1 to look like a shipped
-    model); norms and biases are F32. `tie_embeddings`: no output.weight, as SmolLM2 and Qwen2.5 ship.
+    model); norms and biases are F32. `tie_embeddings`: no output.weight, as SmolLM2 and Qwen2.5-0.5B ship.
     """
     if arch not in ARCHITECTURES:
         raise RiverError(f"unsupported architecture '{arch}': river-edge supports {', '.join(ARCHITECTURES)}")
@@ -65,7 +66,6 @@ def write_tiny_model(path: str | Path, arch: str = "llama", n_layer: int = 4, n_
         raise RiverError("n_embd must divide by n_head and n_head by n_head_kv")
     path = Path(path)
     if river is not None:
-        from .build import build_river
         fd, base = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".base.gguf")
         os.close(fd)
         try:

@@ -3,7 +3,7 @@
 tiny_llama / tiny_qwen2 are river GGUFs (f16 backbone, q4_0 river, thresholds +inf);
 tiny_llama_base / tiny_qwen2_base their sources. Treat them as read-only: copy before changing.
 The llama base is Q4_1 with a separate output.weight (SmolLM2 ships Q4_1); the qwen2 base is Q8_0
-with tied embeddings (no output.weight, as Qwen2.5-0.5B/1.5B) and q/k/v biases.
+with tied embeddings (no output.weight, as Qwen2.5-0.5B; the 1.5B has one) and q/k/v biases.
 """
 from __future__ import annotations
 

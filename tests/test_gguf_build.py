@@ -192,10 +192,11 @@ def test_dst_equal_src_refused(tiny_llama_base, tmp_path, monkeypatch):
     copy = shutil.copy(tiny_llama_base, tmp_path / "m.gguf")
     before = sha(copy)
     monkeypatch.chdir(tmp_path)
-    for dst in (copy, "m.gguf", tmp_path / "." / "m.gguf"):
+    (tmp_path / "link.gguf").symlink_to(copy)
+    for dst in (copy, "m.gguf", tmp_path / "." / "m.gguf", tmp_path / "link.gguf"):
         with pytest.raises(RiverError, match="would overwrite the input"):
             build_river(copy, dst)
-    assert sha(copy) == before and [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+    assert sha(copy) == before and sorted(p.name for p in tmp_path.iterdir()) == ["link.gguf", "m.gguf"]
 
 
 def _gemma(tmp_path):
