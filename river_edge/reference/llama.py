@@ -1,0 +1,58 @@
+"""Llama decoder layer as llama.cpp computes it (GGUF weights, ggml's 'normal' RoPE on adjacent pairs)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .ggml_numerics import activation_rounding
+from .weights import Args, Weight
+
+
+class Linear:
+    def __init__(self, w: Weight, bias: Weight | None, emulate: bool):
+        self.w, self.b = w.w, (bias.w if bias is not None else None)
+        self.round = activation_rounding(w.type) if emulate else (lambda x: x)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.round(x) @ self.w.T
+        return y if self.b is None else y + self.b
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, n_rot: int, base: float, neox: bool) -> torch.Tensor:
+    """x: [T, heads, head_dim], pos: [T]. Rotates the first n_rot dims."""
+    half = n_rot // 2
+    theta = pos[:, None].float() * base ** (-torch.arange(half, dtype=torch.float32) * 2 / n_rot)
+    cos, sin = theta.cos()[:, None, :], theta.sin()[:, None, :]
+    r, rest = x[..., :n_rot], x[..., n_rot:]
+    a, b = (r[..., :half], r[..., half:]) if neox else (r[..., 0::2], r[..., 1::2])
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    r = torch.cat([ra, rb], -1) if neox else torch.stack([ra, rb], -1).flatten(-2)
+    return torch.cat([r, rest], -1)
+
+
+class Block:
+    """One decoder layer. `mats` holds the seven matrices (backbone or river); norms and biases are shared."""
+    neox = False
+
+    def __init__(self, args: Args, t: dict[str, Weight], il: int, mats: dict[str, Weight], emulate: bool):
+        self.args = args
+        p = f"blk.{il}."
+        lin = lambda n: Linear(mats[n], t.get(p + n + ".bias"), emulate)
+        self.q, self.k, self.v, self.o = (lin(n) for n in ("attn_q", "attn_k", "attn_v", "attn_output"))
+        self.gate, self.up, self.down = (lin(n) for n in ("ffn_gate", "ffn_up", "ffn_down"))
+        self.attn_norm, self.ffn_norm = t[p + "attn_norm.weight"].w, t[p + "ffn_norm.weight"].w
+
+    def __call__(self, h: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
+        """h: [T, n_embd]; attend(q, k, v) -> [T, n_head, head_dim] owns the KV cache."""
+        a, T = self.args, h.shape[0]
+        x = rms_norm(h, self.attn_norm, a.eps)
+        q = rope(self.q(x).view(T, a.n_head, a.head_dim), pos, a.n_rot, a.rope_base, self.neox)
+        k = rope(self.k(x).view(T, a.n_head_kv, a.head_dim), pos, a.n_rot, a.rope_base, self.neox)
+        v = self.v(x).view(T, a.n_head_kv, a.head_dim)
+        h = h + self.o(attend(q, k, v).reshape(T, -1))
+        x = rms_norm(h, self.ffn_norm, a.eps)
+        return h + self.down(F.silu(self.gate(x)) * self.up(x))
