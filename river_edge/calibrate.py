@@ -46,7 +46,7 @@ class Target:
 
 @dataclass
 class Settings:
-    n_prompts: int = 24           # split into fit and test halves
+    n_prompts: int = 16           # split into fit and test halves
     decode_tokens: int = 32
     batch: int = 8                # prompts decoded in lockstep (each exits on its own)
     rule: str = "per-layer"       # per-layer quantile thresholds, or "single" tau
@@ -193,6 +193,8 @@ def candidates(tr: Trace, rule: str, min_exit: Sequence[int]):
             else:
                 tau = np.full(L, np.quantile(tr.sims[:, m:L - 1], q))
             tau = tau.astype(np.float32)
+            if q == 0:
+                tau[:] = -1.0  # exit at m whatever the similarity (the lowest quantile itself is no "over")
             tau[:m] = np.inf
             tau[L - 1] = np.inf
             yield tau, m, float(q)
@@ -358,3 +360,56 @@ def verdict(median: dict, rule: dict, rnd: dict) -> str:
     if rule["depth"] < rnd["depth"] + 1e-9 and rule["kl"] > rnd["kl"]:
         s += f" Random token selection at the same depth does better (KL {rnd['kl']:.4f} vs {rule['kl']:.4f})."
     return s
+
+
+# -- files ---------------------------------------------------------------------------------------------
+
+def format_summary(s: dict) -> str:
+    t, L = s["test"], s["test"]["backbone"]["depth"]
+    rows = [("rule (fitted)", t["rule"]), ("random, same depth", t["random_same_depth"]),
+            ("all-river", t["all_river"]), ("backbone", t["backbone"])]
+    out = [f"target {s['target']['kind']} = {s['target']['value']}; rule {s['rule']}, min exit layer "
+           f"{s['min_exit_layer']}; fit on {s['n_fit_prompts']} prompts, shown on {s['n_test_prompts']} unseen",
+           f"{'policy':<20}{'depth':>8}{'of':>4}{'KL':>10}{'top-1':>8}"]
+    out += [f"{n:<20}{m['depth']:>8.2f}{int(L):>4}{m['kl']:>10.4f}{m['agreement']:>8.3f}" for n, m in rows]
+    med = s["spearman_median"]
+    out.append("median Spearman with the damage, per layer: " +
+               ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in med.items()))
+    out.append("verdict: " + s["verdict"])
+    return "\n".join(out)
+
+
+def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings = Settings(),
+                   progress: Callable[[str, int, int], None] = lambda what, done, total: None) -> dict:
+    """Fit thresholds for the river GGUF `src` and write them to `dst` (never `src`), with the report
+    beside it: DST.calibration.json and DST.calibration.png."""
+    from .gguf_tools.build import set_river_keys
+    from .gguf_tools.inspect import check
+    from .plots import calibration_figure
+    from .tokenizer import Tokenizer
+
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise RiverError(f"{dst}: calibration never overwrites its input; choose another output")
+    check(src, require_river=True)
+    progress("loading the model", 0, 1)
+    model = RiverModel(src, emulate=False)  # the exact math; ggml's rounding only matters at 1e-3
+    tok = Tokenizer(src)
+    texts = s.prompts or default_prompts()
+    random.Random(s.seed).shuffle(texts := list(texts))
+    prompts = [tok.chat(t) for t in texts[: s.n_prompts]]
+    summary = calibrate(model, prompts, target, s, progress)
+    summary["source"] = src.name
+    set_river_keys(src, dst, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
+                   calibrated=True, fit_summary=json.dumps(_compact(summary)))
+    Path(f"{dst}.calibration.json").write_text(json.dumps(summary, indent=1))
+    calibration_figure(summary, f"{dst}.calibration.png", f"{src.name}: calibration, {target.kind} <= {target.value}"
+                       if target.kind != "agreement" else f"{src.name}: calibration, agreement >= {target.value}")
+    return summary
+
+
+def _compact(s: dict) -> dict:
+    """What goes into the GGUF: the fit and its test figures, without the per-layer arrays and sweep."""
+    keep = ("target", "rule", "min_exit_layer", "quantile", "settings", "n_fit_prompts", "n_test_prompts",
+            "massive_dims", "fit_online", "test", "spearman_median", "verdict", "source")
+    return {k: s[k] for k in keep if k in s}

@@ -59,7 +59,7 @@ def read_gguf(path: str | Path) -> tuple[Args, dict[str, Weight]]:
     tensors = {}
     for t in reader.tensors:
         data = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
-        tensors[t.name] = Weight(torch.from_numpy(np.ascontiguousarray(data)), t.tensor_type)
+        tensors[t.name] = Weight(torch.from_numpy(np.array(data, copy=not data.flags.writeable)), t.tensor_type)
     n_layer = int(k("block_count"))
     args = Args(
         arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,

@@ -1,0 +1,104 @@
+"""Calibration: its damage measurements against real steps, its fit against its target, its output file."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from river_edge import calibrate as C
+from river_edge import format as F
+from river_edge.format import RiverError
+from river_edge.gguf_tools.convert import plain
+from river_edge.gguf_tools.reader import open_gguf, value
+from river_edge.reference import Policy, RiverModel
+
+PROMPTS = [[5, 77, 120, 3, 64], [9, 8, 7, 6, 5, 4, 3], [100, 101, 102], [40, 41, 42, 43, 44, 45]]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    return RiverModel(tiny_llama, emulate=False)
+
+
+def test_clean_exit_damage_is_a_real_forced_step(model):
+    """Exiting after e with the river reading the backbone's cache = a forced step on a backbone cache."""
+    caches, toks, hid, logits, pos = C._decode_backbone(model, PROMPTS[:2], 4)
+    exits = dict(C._clean_exits(model, caches, hid, pos, range(model.args.n_layer - 1)))
+    for b, p in enumerate(PROMPTS[:2]):
+        for step in (0, 3):
+            for e, lg in exits.items():
+                c = model.new_cache(32)
+                model.step([(p + [t[b] for t in toks[:step]], c)], Policy.backbone())
+                st = model.step([([toks[step][b]], c)], Policy(forced=e))
+                torch.testing.assert_close(st.logits[0][0], lg[b, step], rtol=1e-4, atol=1e-4)
+    # and the backbone's own logits are those of the plain decode
+    c = model.new_cache(32)
+    st = model.step([(PROMPTS[0] + [toks[0][0]], c)], Policy.backbone())
+    torch.testing.assert_close(st.logits[0][-1], logits[0, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_rule_on_recorded_signals_matches_the_model(model):
+    """exits_of() (used for fitting) decides as the model's rule does on the same similarities."""
+    L = model.args.n_layer
+    s = C.Settings(decode_tokens=6, batch=4)
+    tr, aux = C.record(model, PROMPTS, s)
+    tau = torch.quantile(torch.tensor(tr.sims), 0.5, dim=0).numpy()
+    tau[L - 1] = math.inf
+    e = C.exits_of(tr.sims, tau, 1)
+    assert ((e >= 1) & (e <= L - 1)).all() and len(set(e.tolist())) > 1
+    ref = list(aux["ref"].values())
+    row = 0
+    for p, toks, _ in ref:
+        c = model.new_cache(64)
+        model.step([(p, c)], Policy.backbone())
+        for t in toks:
+            sims = model.step([([t], c)], Policy.backbone()).sims[0].numpy()
+            assert C.exits_of(sims[None], tau, 1)[0] == e[row]
+            fresh = model.new_cache(64)
+            model.step([(p, fresh)], Policy.backbone())
+            row += 1
+    assert row == len(e)
+
+
+@pytest.mark.parametrize("kind", ["kl", "depth"])
+def test_calibration_meets_its_target_on_unseen_prompts(tiny_llama, tmp_path, kind):
+    s = C.Settings(n_prompts=12, decode_tokens=12, batch=6)
+    model = RiverModel(tiny_llama, emulate=False)
+    L = model.args.n_layer
+    probe = C.calibrate(model, [list(range(3 + i, 9 + 2 * i)) for i in range(12)], C.Target("depth", L), s)
+    river_kl = probe["test"]["all_river"]["kl"]
+    assert river_kl > 0
+    goal = river_kl / 2 if kind == "kl" else L / 2
+    out = tmp_path / "cal.gguf"
+    summary = C.calibrate_file(tiny_llama, out, C.Target(kind, goal), s)
+    test = summary["test"]["rule"]
+    if kind == "kl":
+        assert test["kl"] <= goal
+    else:
+        assert test["depth"] <= goal + 1  # depth is fitted on the fit prompts; unseen ones may differ a little
+    r = open_gguf(out)
+    assert value(r, F.KEY_CALIBRATED) is True
+    th = value(r, F.KEY_THRESHOLDS)
+    assert len(th) == L and not any(math.isnan(x) for x in th)
+    assert th == pytest.approx(summary["thresholds"])
+    stored = json.loads(value(r, F.KEY_FIT_SUMMARY))
+    assert stored["test"]["rule"] == pytest.approx(test)
+    assert (tmp_path / "cal.gguf.calibration.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "cal.gguf.calibration.json").read_text())["spearman_per_layer"]
+    assert value(open_gguf(tiny_llama), F.KEY_CALIBRATED) is False  # the input is untouched
+
+
+def test_bad_targets_and_inputs(tiny_llama, tmp_path):
+    with pytest.raises(RiverError, match="unknown calibration target"):
+        C.Target("speed", 1.0)
+    with pytest.raises(RiverError, match="out of range"):
+        C.Target("kl", float("nan"))
+    with pytest.raises(RiverError, match="out of range"):
+        C.Target("agreement", 1.5)
+    with pytest.raises(RiverError, match="never overwrites"):
+        C.calibrate_file(tiny_llama, tiny_llama, C.Target("kl", 0.1))
+    base = plain(tiny_llama, tmp_path / "base.gguf", "backbone")
+    with pytest.raises(RiverError, match="river"):
+        C.calibrate_file(base, tmp_path / "out.gguf", C.Target("kl", 0.1))
