@@ -1,0 +1,197 @@
+"""River GGUFs in the patched llama.cpp, through llama-cpp-python.
+
+`RiverLlama` is a `llama_cpp.Llama`: completions, chat completions, streaming and llama-cpp-python's
+OpenAI-compatible server work unchanged, plus the river controls and telemetry of patches/0004 (llama.h).
+The bindings go through llama_cpp's own loaded library, so there is one copy of llama.cpp in the process.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from .format import RiverError
+
+EXIT_RULE = -2  # forced exit "none": the rule decides
+
+_c = ctypes
+_API = {
+    "llama_model_has_river": ([_c.c_void_p], _c.c_bool),
+    "llama_river_set_enabled": ([_c.c_void_p, _c.c_bool], None),
+    "llama_river_get_enabled": ([_c.c_void_p], _c.c_bool),
+    "llama_river_set_thresholds": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
+    "llama_river_get_thresholds": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
+    "llama_river_set_min_exit_layer": ([_c.c_void_p, _c.c_int32], _c.c_int32),
+    "llama_river_get_min_exit_layer": ([_c.c_void_p], _c.c_int32),
+    "llama_river_set_forced_exit": ([_c.c_void_p, _c.c_int32], _c.c_int32),
+    "llama_river_get_forced_exit": ([_c.c_void_p], _c.c_int32),
+    "llama_river_last_exit": ([_c.c_void_p], _c.c_int32),
+    "llama_river_get_histogram": ([_c.c_void_p, _c.POINTER(_c.c_int64), _c.c_int32], _c.c_int32),
+    "llama_river_get_last_scores": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
+    "llama_river_reset_stats": ([_c.c_void_p], None),
+    "llama_river_decision_us": ([_c.c_void_p], _c.c_int64),
+}
+
+
+def _lib():
+    """The river C API of the loaded llama.cpp, or None for a stock (unpatched) build."""
+    lib = llama_cpp.llama_cpp._lib
+    if not hasattr(lib, "llama_river_set_thresholds"):
+        return None
+    for name, (args, res) in _API.items():
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, res
+    return lib
+
+
+def runtime_is_patched() -> bool:
+    return _lib() is not None
+
+
+def _has_river_tensors(path: Path) -> bool:
+    # Cheap: tensor names sit in the header; reading it whole (gguf-py) is slow for big vocabularies.
+    from .gguf_tools.reader import open_gguf
+
+    return any(t.name.startswith("river.") for t in open_gguf(path).tensors)
+
+
+
+
+class RiverLlama(llama_cpp.Llama):
+    """A llama_cpp.Llama on a river GGUF (or any GGUF: without a river it is the stock model).
+
+    Keyword arguments are Llama's, plus `thresholds`, `min_exit_layer` and `forced_exit` overriding
+    the GGUF's river keys, and `river=False` to run the stock graph.
+    """
+
+    def __new__(cls, model_path: str, *args, **kwargs):
+        # Checked before the object exists: a half-made Llama fails again in its __del__.
+        path = Path(model_path)
+        if not path.is_file():
+            raise RiverError(f"{path}: no such file")
+        if _lib() is None and _has_river_tensors(path):
+            raise RiverError(f"{path} is a river GGUF: it needs river-edge's patched llama-cpp-python "
+                             "(run `make setup`); this one is stock")
+        return super().__new__(cls)
+
+    def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
+                 min_exit_layer: int | None = None, forced_exit: int | None = None, river: bool = True,
+                 **kwargs):
+        path = Path(model_path)
+        self._river = _lib()
+        kwargs.setdefault("verbose", False)
+        try:
+            super().__init__(str(path), **kwargs)
+        except ValueError as e:
+            raise RiverError(f"{path}: llama.cpp cannot load it ({e})") from None
+        self.n_layer = int(llama_cpp.llama_model_n_layer(self._model.model))
+        self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
+        if thresholds is not None:
+            self.thresholds = thresholds
+        if min_exit_layer is not None:
+            self.min_exit_layer = min_exit_layer
+        if forced_exit is not None:
+            self.forced_exit = forced_exit
+        if not river:
+            self.river_enabled = False
+
+    # -- controls ------------------------------------------------------------------------------
+    def _need_river(self):
+        if not self.has_river:
+            raise RiverError(f"{self.model_path}: has no river tensors; build one with `river build`")
+        return self._river, self._ctx.ctx
+
+    @property
+    def river_enabled(self) -> bool:
+        return self.has_river and bool(self._river.llama_river_get_enabled(self._ctx.ctx))
+
+    @river_enabled.setter
+    def river_enabled(self, on: bool) -> None:
+        if self.has_river:
+            self._river.llama_river_set_enabled(self._ctx.ctx, bool(on))
+        elif on:
+            self._need_river()
+
+    @property
+    def thresholds(self) -> list[float]:
+        lib, ctx = self._need_river()
+        buf = (ctypes.c_float * self.n_layer)()
+        lib.llama_river_get_thresholds(ctx, buf, self.n_layer)
+        return list(buf)
+
+    @thresholds.setter
+    def thresholds(self, tau: float | Sequence[float]) -> None:
+        lib, ctx = self._need_river()
+        tau = [float(tau)] * self.n_layer if isinstance(tau, (int, float)) else [float(x) for x in tau]
+        if len(tau) != self.n_layer:
+            raise RiverError(f"thresholds: need {self.n_layer} values (one per layer), got {len(tau)}")
+        for x in tau:
+            if math.isnan(x) or not (-1.0 <= x <= 1.0 or x == math.inf):
+                raise RiverError(f"threshold {x} out of range: a cosine threshold is in [-1, 1], or inf "
+                                 "(never exit)")
+        if lib.llama_river_set_thresholds(ctx, (ctypes.c_float * len(tau))(*tau), len(tau)) != 0:
+            raise RiverError("llama.cpp refused the thresholds")
+
+    @property
+    def min_exit_layer(self) -> int:
+        lib, ctx = self._need_river()
+        return int(lib.llama_river_get_min_exit_layer(ctx))
+
+    @min_exit_layer.setter
+    def min_exit_layer(self, layer: int) -> None:
+        lib, ctx = self._need_river()
+        if not 0 <= int(layer) < self.n_layer or lib.llama_river_set_min_exit_layer(ctx, int(layer)) != 0:
+            raise RiverError(f"min exit layer {layer} out of range 0..{self.n_layer - 1}")
+
+    @property
+    def forced_exit(self) -> int | None:
+        """None: the rule decides; -1: all river; e: backbone 0..e, river after; n_layer-1: backbone."""
+        lib, ctx = self._need_river()
+        e = int(lib.llama_river_get_forced_exit(ctx))
+        return None if e == EXIT_RULE else e
+
+    @forced_exit.setter
+    def forced_exit(self, e: int | None) -> None:
+        lib, ctx = self._need_river()
+        v = EXIT_RULE if e is None else int(e)
+        if e is not None and not -1 <= v < self.n_layer or lib.llama_river_set_forced_exit(ctx, v) != 0:
+            raise RiverError(f"forced exit layer {e} out of range -1..{self.n_layer - 1}")
+
+    # -- telemetry -----------------------------------------------------------------------------
+    @property
+    def last_exit(self) -> int | None:
+        """Exit layer of the last ubatch (-1..n_layer-1), None if none ran the river graph."""
+        lib, ctx = self._need_river()
+        e = int(lib.llama_river_last_exit(ctx))
+        return None if e < -1 else e
+
+    def exit_histogram(self) -> np.ndarray:
+        """counts[e + 1]: ubatches that exited after layer e, e = -1..n_layer-1."""
+        lib, ctx = self._need_river()
+        buf = (ctypes.c_int64 * (self.n_layer + 1))()
+        lib.llama_river_get_histogram(ctx, buf, self.n_layer + 1)
+        return np.array(buf, dtype=np.int64)
+
+    def last_scores(self) -> np.ndarray:
+        """s_l of the last ubatch (min over its tokens) for the layers tested, NaN elsewhere."""
+        lib, ctx = self._need_river()
+        buf = (ctypes.c_float * self.n_layer)()
+        lib.llama_river_get_last_scores(ctx, buf, self.n_layer)
+        return np.array(buf, dtype=np.float32)
+
+    def mean_depth(self) -> float:
+        """Mean backbone layers per ubatch since the last reset (n_layer: pure backbone)."""
+        h = self.exit_histogram()
+        return float((h * np.arange(self.n_layer + 1)).sum() / max(h.sum(), 1))
+
+    def decision_seconds(self) -> float:
+        lib, ctx = self._need_river()
+        return lib.llama_river_decision_us(ctx) * 1e-6
+
+    def reset_stats(self) -> None:
+        lib, ctx = self._need_river()
+        lib.llama_river_reset_stats(ctx)
