@@ -59,6 +59,35 @@ def default_prompts() -> list[str]:
     return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
 
 
+def read_prompts(path: str | Path) -> list[str]:
+    """Calibration prompts from a file: JSON lines with a "prompt" field (.jsonl, or a first line that
+    is a JSON object), else plain text with one prompt per line. Blank lines are skipped."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RiverError(f"{path}: file not found") from None
+    except UnicodeDecodeError:
+        raise RiverError(f"{path}: not a UTF-8 text file") from None
+    except OSError as e:
+        raise RiverError(f"{path}: cannot read ({e.strerror or e})") from None
+    lines = [(i, ln.strip()) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    if not lines:
+        raise RiverError(f"{path}: no prompts in it")
+    if path.suffix != ".jsonl" and not lines[0][1].startswith("{"):
+        return [ln for _, ln in lines]
+    out = []
+    for i, ln in lines:
+        try:
+            prompt = json.loads(ln)["prompt"]
+        except (ValueError, KeyError, TypeError):
+            raise RiverError(f"{path}:{i}: not a JSON object with a \"prompt\" field") from None
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RiverError(f"{path}:{i}: \"prompt\" is not a non-empty string")
+        out.append(prompt)
+    return out
+
+
 # -- recording ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -298,6 +327,7 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
             progress(what, done[0], total)
         return f
 
+    progress("recording signals (fit prompts)", 0, total)  # the first tick comes only after a whole batch
     tr_fit, aux = record(model, fit_p, s, tick("recording signals (fit prompts)"))
     tr_test, aux_test = record(model, test_p, s, tick("recording signals (test prompts)"), massive=aux["massive"])
 
@@ -380,9 +410,11 @@ def format_summary(s: dict) -> str:
 
 
 def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings = Settings(),
-                   progress: Callable[[str, int, int], None] = lambda what, done, total: None) -> dict:
+                   progress: Callable[[str, int, int], None] = lambda what, done, total: None,
+                   label: str | None = None) -> dict:
     """Fit thresholds for the river GGUF `src` and write them to `dst` (never `src`), with the report
-    beside it: DST.calibration.json and DST.calibration.png."""
+    beside it: DST.calibration.json and DST.calibration.png. `label` names the model in the summary and
+    the plot (default: src's file name; a build through a temporary file passes the final name)."""
     from .gguf_tools.build import set_river_keys
     from .gguf_tools.inspect import check
     from .plots import calibration_figure
@@ -399,12 +431,12 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     random.Random(s.seed).shuffle(texts := list(texts))
     prompts = [tok.chat(t) for t in texts[: s.n_prompts]]
     summary = calibrate(model, prompts, target, s, progress)
-    summary["source"] = src.name
+    summary["source"] = label = label or src.name
     set_river_keys(src, dst, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
                    calibrated=True, fit_summary=json.dumps(_compact(summary)))
     Path(f"{dst}.calibration.json").write_text(json.dumps(summary, indent=1))
-    calibration_figure(summary, f"{dst}.calibration.png", f"{src.name}: calibration, {target.kind} <= {target.value}"
-                       if target.kind != "agreement" else f"{src.name}: calibration, agreement >= {target.value}")
+    calibration_figure(summary, f"{dst}.calibration.png", f"{label}: calibration, {target.kind} <= {target.value}"
+                       if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
     return summary
 
 

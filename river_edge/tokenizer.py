@@ -1,20 +1,50 @@
 """The GGUF's own tokenizer and chat template, through llama.cpp (vocab only: no weights are loaded)."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from functools import cached_property
 from pathlib import Path
 
 from .format import RiverError
 
 
+@contextlib.contextmanager
+def quiet_llama_logs():
+    """Swallow llama.cpp's log lines (model loading chatter such as "llama_context: n_ctx_seq (512) >
+    n_ctx_train ...") while the block runs; yields the list of lines, for error messages.
+
+    `verbose=False` is not enough: llama-cpp-python 0.3.36 maps ggml's log levels with an older enum, so
+    WARN (3) counts as ERROR and is printed. Swapping the log callback leaves file descriptors alone
+    (suppress_stdout_stderr would dup2 over fds 1/2 and hide a progress bar drawn by another thread).
+    """
+    import llama_cpp
+    from llama_cpp import _logger
+
+    lines: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def swallow(level, text, user_data):
+        lines.append(text.decode("utf-8", errors="replace"))
+
+    llama_cpp.llama_log_set(swallow, ctypes.c_void_p(0))
+    try:
+        yield lines
+    finally:  # back to llama-cpp-python's own callback (module-level: never garbage-collected)
+        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+
+
 class Tokenizer:
     def __init__(self, path: str | Path):
         import llama_cpp
 
-        try:
-            self.llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-        except (ValueError, RuntimeError) as e:
-            raise RiverError(f"{path}: llama.cpp cannot read its vocabulary ({e})") from None
+        with quiet_llama_logs() as log:
+            try:
+                self.llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+            except (ValueError, RuntimeError) as e:
+                why = next((ln.strip() for ln in reversed(log) if ln.strip()), "")
+                raise RiverError(f"{path}: llama.cpp cannot read its vocabulary ({e}"
+                                 + (f": {why})" if why else ")")) from None
 
     def encode(self, text: str, special: bool = True) -> list[int]:
         return self.llm.tokenize(text.encode(), add_bos=False, special=special)

@@ -1,0 +1,139 @@
+"""Base GGUF -> calibrated river GGUF in one go, and the embedded default river GGUF (SmolLM2-135M).
+
+`river build` and `river demo` use these; `chat`, `bench` and `eval` with no model argument call
+`default_river()` to get a calibrated river GGUF in the cache folder, built on first use.
+
+Progress callbacks here all have calibration's shape, (what, done, total); total 0 means "no count,
+just a message" (downloads, which zoo reports only as lines of text).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import format as F
+from . import zoo
+from .calibrate import Settings, Target, calibrate_file
+from .format import RiverError
+
+Progress = Callable[[str, int, int], None]
+
+# What `river build` fits to unless told otherwise: a quality budget, mean KL of the next-token
+# distribution against the backbone. On SmolLM2-135M with a Q4_0 river all-river costs about 0.12 and
+# exits at random with half the layers about 0.05 (DESIGN.md section 7), so this asks for roughly that.
+DEFAULT_TARGET = Target("kl", 0.05)
+DEFAULT_BACKBONE = "f16"
+DEFAULT_RIVER = "q4_0"
+
+
+def _quiet(what: str, done: int, total: int) -> None:
+    pass
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file (symlinks and hard links included; a missing path never does)."""
+    a, b = Path(a), Path(b)
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def resolve_base(name_or_path: str | os.PathLike, progress: Progress | None = None) -> Path:
+    """zoo.resolve, but a zoo model river-edge cannot build a river for fails before it is downloaded."""
+    name = str(name_or_path)
+    spec = zoo.MODELS.get(name)
+    if spec is not None and not spec.supported and not Path(name).expanduser().exists():
+        raise RiverError(f"model '{name}' has architecture {spec.architecture}: river-edge builds rivers for "
+                         f"{', '.join(F.ARCHITECTURES)} only")
+    say = progress or _quiet
+    return zoo.resolve(name, lambda msg: say(msg, 0, 0))
+
+
+def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = DEFAULT_BACKBONE,
+                           river: str = DEFAULT_RIVER, layer_types: str | Sequence[str] | None = None,
+                           imatrix: Mapping[str, np.ndarray] | str | Path | None = None,
+                           target: Target | None = DEFAULT_TARGET, settings: Settings | None = None,
+                           progress: Progress | None = None) -> dict | None:
+    """Build the river GGUF of base GGUF `src` and calibrate it into `dst`; returns the fit summary.
+
+    target None: no calibration, `dst` keeps the neutral thresholds (+inf: never exits) and None is
+    returned. Otherwise the uncalibrated river goes to a hidden temporary file beside `dst` (same file
+    system, removed afterwards whatever happens) and only the calibrated file appears at `dst`, with
+    DST.calibration.json and DST.calibration.png beside it. `src` is never modified.
+    """
+    from .gguf_tools.build import build_river
+
+    src, dst = Path(src), Path(dst)
+    say = progress or _quiet
+    if same_file(src, dst) or src.expanduser().resolve() == dst.expanduser().resolve():
+        raise RiverError(f"{dst}: the output would overwrite the input; choose another path")
+    if dst.is_dir():
+        raise RiverError(f"{dst}: is a folder; give the output file's name")
+    if not dst.parent.is_dir():
+        raise RiverError(f"{dst}: folder {dst.parent} does not exist")
+
+    def built(done: int, total: int, what: str) -> None:
+        say("building the river GGUF" if done else f"building the river GGUF ({what})", done, total)
+
+    kw = dict(backbone=backbone, river=river, layer_types=layer_types, imatrix=imatrix, progress=built)
+    if target is None:
+        build_river(src, dst, **kw)
+        return None
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".uncalibrated.gguf")
+    os.close(fd)
+    try:
+        build_river(src, tmp, **kw)
+        return calibrate_file(tmp, dst, target, settings or Settings(), say, label=dst.name)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def default_river_path() -> Path:
+    return zoo.cache_dir() / "rivers" / f"{zoo.DEFAULT_MODEL}.river.gguf"
+
+
+def stored_summary(path: str | Path) -> dict | None:
+    """The fit summary a calibrated river GGUF carries (river.fit_summary), or None."""
+    from .gguf_tools.reader import open_gguf, value
+
+    text = value(open_gguf(path), F.KEY_FIT_SUMMARY) or ""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def _usable(path: Path) -> bool:
+    """A default river GGUF from an earlier run: well formed, calibrated, built from today's model."""
+    from .gguf_tools.inspect import inspect_gguf
+
+    if not path.is_file():
+        return False
+    try:
+        info = inspect_gguf(path)  # one read: opening a GGUF with a 49k-token vocabulary takes seconds
+    except RiverError:
+        return False
+    return (info["river"] and not info["problems"] and bool(info["calibrated"])
+            and info["source_sha256"] == zoo.MODELS[zoo.DEFAULT_MODEL].sha256)
+
+
+def default_river(progress: Progress | None = None) -> Path:
+    """The calibrated river GGUF of the default model (SmolLM2-135M-Instruct) in the cache folder:
+    `<cache>/rivers/smollm2-135m.river.gguf`. Prepared, built and calibrated with the defaults on first
+    use (a few minutes on 2 cores), reused afterwards while it is valid and made from the pinned model."""
+    path = default_river_path()
+    if _usable(path):
+        return path
+    base = zoo.default_model(lambda msg: (progress or _quiet)(msg, 0, 0))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RiverError(f"{path.parent}: cannot create the cache folder ({e.strerror or e})") from None
+    build_calibrated_river(base, path, progress=progress)
+    return path
