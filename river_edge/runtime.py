@@ -6,6 +6,7 @@ The bindings go through llama_cpp's own loaded library, so there is one copy of 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 from pathlib import Path
@@ -84,10 +85,14 @@ class RiverLlama(llama_cpp.Llama):
         path = Path(model_path)
         self._river = _lib()
         kwargs.setdefault("verbose", False)
-        try:
-            super().__init__(str(path), **kwargs)
-        except ValueError as e:
-            raise RiverError(f"{path}: llama.cpp cannot load it ({e})") from None
+        from .tokenizer import quiet_llama_logs
+
+        with quiet_llama_logs() if not kwargs["verbose"] else contextlib.nullcontext([]) as log:
+            try:
+                super().__init__(str(path), **kwargs)
+            except ValueError as e:
+                why = [x for x in "".join(log).splitlines() if "fail" in x or "error" in x] or [str(e)]
+                raise RiverError(f"{path}: llama.cpp cannot load it ({why[0].strip()})") from None
         self.n_layer = int(llama_cpp.llama_model_n_layer(self._model.model))
         self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
         if thresholds is not None:
