@@ -81,7 +81,7 @@ class RiverLlama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
                  min_exit_layer: int | None = None, forced_exit: int | None = None, river: bool = True,
-                 **kwargs):
+                 mode: str | None = None, gate: float | None = None, **kwargs):
         path = Path(model_path)
         self._river = _lib()
         kwargs.setdefault("verbose", False)
@@ -103,6 +103,26 @@ class RiverLlama(llama_cpp.Llama):
             self.forced_exit = forced_exit
         if not river:
             self.river_enabled = False
+        from .spec import Spec  # decoding modes (river_edge/spec.py); `mode` overrides forced_exit
+
+        self._spec = Spec(self, mode, gate)
+
+    # -- decoding modes: exact, gated, river, fast, backbone (river_edge/spec.py) ---------------
+    @property
+    def mode(self) -> str:
+        return self._spec.mode
+
+    @mode.setter
+    def mode(self, m: str) -> None:
+        self._spec.mode = m
+
+    def generate(self, tokens, **kw):
+        return self._spec.generate(tokens, super().generate, kw)
+
+    def stats(self) -> dict:
+        """Telemetry of the decoding mode since it was set: tokens, tok/s, acceptance rate, mean draft
+        length and cost model (exact), fallback rate (gated)."""
+        return self._spec.stats()
 
     # -- controls ------------------------------------------------------------------------------
     def _need_river(self):

@@ -1,0 +1,453 @@
+"""River-Spec: decoding modes of a river GGUF (exact self-speculation, entropy-gated fast path).
+
+Modes (`RiverLlama(mode=...)`, or `llm.mode = ...`):
+  backbone  forced exit L-1: the backbone alone (the river graph skipping every river node)
+  fast      forced exit -1: the river alone (all layers 4-bit, the backbone's embeddings and head)
+  river     the paper's cosine rule (forced exit: none); the default for a river GGUF
+  exact     the river drafts k tokens greedily (or by sampling) into the shared KV cache, the backbone
+            re-decodes the k+1 positions in one batch replacing those cells, and the longest prefix the
+            backbone agrees with is kept plus the backbone's own next token. Output = backbone's.
+  gated     every token on the river; when the river's output entropy >= the gate (GGUF key
+            river.gate_entropy, or `gate=`), the backbone re-decodes that position and its token wins.
+
+Why a generate() override and not a llama_cpp.LlamaDraftModel: a draft model makes llama-cpp-python
+set logits_all, copy every position's logits (152k floats per token on Qwen) into an n_ctx x n_vocab
+array, and accept a draft only when an independently *sampled* backbone token equals it (exact in
+distribution for temperature > 0, but it accepts with probability p(d) instead of min(1, p(d)/q(d)),
+so with sampling it wastes most drafts). Owning the loop gives speculative sampling proper, the
+acceptance statistics the cost model needs, and no per-token copies. Every other path of llama-cpp-
+python (create_completion, chat, streaming, the server) goes through generate(), so they all get it.
+
+Exactness
+  greedy (temp == 0): each emitted token is argmax of backbone logits computed from a cache holding only
+    backbone-written cells (drafted cells are removed before the backbone batch writes them again; the
+    rejected ones are removed after). Identity with one-token backbone decoding then needs ggml to give
+    the same logits for a position in a batch of k+1 as alone: true on CPU for these graphs (tested), up
+    to ties broken the same way (first index, as llama.cpp's greedy sampler).
+  sampling (temp != 0): standard speculative sampling (Leviathan et al. 2023, Chen et al. 2023): draft
+    d ~ q, accept with min(1, p(d)/q(d)), on rejection sample from norm(max(0, p - q)), and after k
+    acceptances sample a bonus token from p. p and q are the backbone's and the river's logits put
+    through the same transform as llama.cpp's sampler chain that llama-cpp-python builds
+    (top_k -> top_p -> min_p on the untempered logits, then / temp, softmax; temp < 0: plain softmax).
+    The output is then distributed exactly as backbone sampling with those settings (up to float rounding
+    at the top-p / min-p boundaries); it is not the same sample stream for a given seed.
+  Decoded exactly by speculation: temp, top_k, top_p, min_p, seed. Penalties (repeat/frequency/presence
+    != neutral), typical_p != 1, mirostat, grammar, logits_processor / logit_bias, logits_all (logprobs)
+    are not speculated: exact mode then decodes on the backbone alone with llama.cpp's own sampler
+    (still exact, no speed-up) and stats()["spec_off"] says why.
+
+Choosing k: tokens per cycle E(k) = (1 - a^(k+1)) / (1 - a) for a per-token acceptance a (decayed
+running estimate), cost(k) = k * draft_step + verify(k + 1); k = argmax E/cost over 0..kmax. The costs are
+measured on this machine on first use (per process, per model file and thread count) and kept current
+from the timings of the cycles themselves.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from dataclasses import dataclass, field
+
+import llama_cpp
+import numpy as np
+
+from .format import RiverError
+
+MODES = ("exact", "gated", "river", "fast", "backbone")
+GATE_KEY = "river.gate_entropy"
+DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
+KMAX = 8
+
+_COSTS: dict[tuple, "CostModel"] = {}   # per process: (model path, threads, batch threads) -> costs
+
+
+@dataclass
+class CostModel:
+    draft_s: float                      # one river step (1 token), Python included
+    verify_s: list[float]               # verify_s[n]: backbone batch of n tokens; [0] unused
+    backbone_s: float = 0.0             # one backbone step (= verify_s[1])
+
+    def rate(self, k: int, a: float) -> float:
+        e = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+        return e / (k * self.draft_s + self.verify_s[k + 1])
+
+    def best_k(self, a: float, kmax: int) -> int:
+        return max(range(0, min(kmax, len(self.verify_s) - 2) + 1), key=lambda k: self.rate(k, a))
+
+    def as_dict(self) -> dict:
+        return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]]}
+
+
+@dataclass
+class Stats:
+    mode: str = "river"
+    tokens: int = 0
+    seconds: float = 0.0
+    cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    fallbacks: int = 0            # gated: positions re-decoded by the backbone
+    k_sum: int = 0
+    spec_off: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _softmax64(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def entropy(logits: np.ndarray) -> float:
+    x = logits.astype(np.float64)
+    x = x - x.max()
+    e = np.exp(x)
+    s = e.sum()
+    return float(math.log(s) - (e * x).sum() / s)
+
+
+def processed_probs(logits: np.ndarray, temp: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+    """The distribution llama.cpp's chain (top_k, typical 1, top_p, min_p, temp, dist) samples from,
+    dense over the vocabulary. temp < 0: dist alone (softmax of the raw logits)."""
+    x = np.asarray(logits, dtype=np.float32)
+    V = x.shape[0]
+    if temp < 0:
+        return _softmax64(x)
+    if 0 < top_k < V:
+        ids = np.argpartition(-x, top_k - 1)[:top_k]
+    else:
+        ids = np.arange(V)
+    ids = ids[np.argsort(-x[ids], kind="stable")]          # descending, as llama.cpp's partial sort
+    xs = x[ids]
+    if top_p < 1.0:
+        e = np.exp(xs - xs[0], dtype=np.float32)
+        p = e / e.sum(dtype=np.float32)
+        c = np.cumsum(p, dtype=np.float32)
+        hit = np.nonzero(c >= np.float32(top_p))[0]
+        last = int(hit[0]) + 1 if len(hit) else len(ids)
+        ids, xs = ids[:last], xs[:last]
+    if min_p > 0.0:
+        keep = xs >= xs[0] + np.float32(math.log(min_p))
+        keep[0] = True
+        ids, xs = ids[keep], xs[keep]
+    out = np.zeros(V, dtype=np.float64)
+    out[ids] = _softmax64(xs / np.float32(temp))
+    return out
+
+
+class Spec:
+    """The mode machinery of one RiverLlama."""
+
+    def __init__(self, llm, mode: str | None, gate: float | None, kmax: int = KMAX):
+        self.llm = llm
+        self.kmax = int(kmax)
+        self._mode = "river" if llm.has_river else "backbone"
+        self.gate = gate if gate is not None else self.stored_gate()
+        self.st = Stats(mode=self._mode)
+        self._A, self._R = 0.0, 0.0       # decayed accepted / rejected counts
+        self._zero_run = 0
+        if mode is not None:
+            self.mode = mode
+
+    # -- mode ------------------------------------------------------------------------------------
+    def stored_gate(self) -> float:
+        v = (self.llm.metadata or {}).get(GATE_KEY)
+        try:
+            return float(v) if v is not None else DEFAULT_GATE
+        except ValueError:
+            return DEFAULT_GATE
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, m: str) -> None:
+        if m not in MODES:
+            raise RiverError(f"unknown mode {m!r}: use one of {', '.join(MODES)}")
+        llm = self.llm
+        if m != "backbone" and not llm.has_river:
+            raise RiverError(f"mode {m!r} needs a river GGUF; {llm.model_path} has no river tensors")
+        if llm.has_river:
+            llm.river_enabled = True
+            llm.forced_exit = {"river": None, "fast": -1}.get(m, llm.n_layer - 1)
+        self._mode = m
+        self.st = Stats(mode=m)
+
+    def _force(self, e: int) -> None:
+        self.llm._river.llama_river_set_forced_exit(self.llm._ctx.ctx, e)
+
+    # -- stats -----------------------------------------------------------------------------------
+    @property
+    def acceptance(self) -> float:
+        return (self._A + 1.6) / (self._A + self._R + 2.0)   # prior 0.8 worth 2 tokens
+
+    def stats(self) -> dict:
+        s = self.st
+        d = {"mode": s.mode, "tokens": s.tokens, "seconds": s.seconds,
+             "tok_s": s.tokens / s.seconds if s.seconds > 0 else 0.0}
+        if s.mode == "exact":
+            d.update(cycles=s.cycles, drafted=s.drafted, accepted=s.accepted,
+                     acceptance_rate=s.accepted / s.drafted if s.drafted else float("nan"),
+                     mean_draft_len=s.drafted / s.cycles if s.cycles else 0.0,
+                     tokens_per_cycle=s.tokens / s.cycles if s.cycles else 0.0,
+                     running_acceptance=self.acceptance, spec_off=s.spec_off)
+            cm = _COSTS.get(self._key())
+            if cm is not None:
+                d["cost_model"] = cm.as_dict()
+        if s.mode == "gated":
+            d.update(gate_entropy=self.gate, fallbacks=s.fallbacks,
+                     fallback_rate=s.fallbacks / s.tokens if s.tokens else 0.0)
+        d.update(s.extra)
+        return d
+
+    def reset_stats(self) -> None:
+        self.st = Stats(mode=self._mode)
+
+    # -- low level -------------------------------------------------------------------------------
+    def _key(self):
+        llm = self.llm
+        return (str(llm.model_path), llm.context_params.n_threads, llm.context_params.n_threads_batch)
+
+    def _decode(self, toks, pos: int, all_logits: bool) -> np.ndarray:
+        """Decode toks at pos.. (seq 0) and return the logits rows (a view: copy before the next decode)."""
+        llm = self.llm
+        llm._batch.set_batch(batch=toks, n_past=pos, logits_all=all_logits)
+        llm._ctx.decode(llm._batch)
+        n = len(toks) if all_logits else 1
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n, llm._n_vocab))
+
+    def _rm(self, p0: int) -> None:
+        self.llm._ctx.kv_cache_seq_rm(-1, p0, -1)
+
+    def costs(self, tok: int, pos: int) -> CostModel:
+        """Measured once per process: river step and backbone batches of 1..kmax+1 at positions pos..
+        (removed afterwards). Restores the forced exit to the backbone."""
+        key = self._key()
+        if key in _COSTS:
+            return _COSTS[key]
+        L = self.llm.n_layer
+        n_max = min(self.kmax + 1, self.llm._n_ctx - pos, self.llm.n_batch)
+
+        def t(fn, reps):
+            out = []
+            for _ in range(reps + 1):          # the first run of a batch size builds its graph
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+                self._rm(pos)
+            return float(min(out[1:]))          # min: robust to a shared machine's spikes
+
+        try:
+            self._force(-1)
+            draft = t(lambda: self._decode([tok], pos, False).argmax(), 4)
+            self._force(L - 1)
+            verify = [0.0] + [t(lambda n=n: self._decode([tok] * n, pos, True).argmax(1), 3)
+                              for n in range(1, n_max + 1)]
+        finally:
+            self._force(L - 1)
+            self._rm(pos)
+        verify = [float(v) for v in np.maximum.accumulate(verify)]   # a bigger batch never costs less: noise
+        cm = _COSTS[key] = CostModel(draft, verify, verify[1])
+        return cm
+
+    # -- generate --------------------------------------------------------------------------------
+    def unsupported(self, kw: dict) -> str | None:
+        llm = self.llm
+        checks = [
+            (kw.get("repeat_penalty", 1.0) != 1.0, "repeat_penalty"),
+            (kw.get("frequency_penalty", 0.0) != 0.0, "frequency_penalty"),
+            (kw.get("presence_penalty", 0.0) != 0.0, "presence_penalty"),
+            (kw.get("temp", 0.8) > 0 and kw.get("typical_p", 1.0) < 1.0, "typical_p"),
+            (kw.get("temp", 0.8) > 0 and kw.get("mirostat_mode", 0) != 0, "mirostat"),
+            (kw.get("grammar") is not None, "grammar"),
+            (kw.get("logits_processor") is not None, "logits_processor/logit_bias"),
+            (llm._logits_all, "logits_all (logprobs)"),
+            (llm.draft_model is not None, "draft_model"),
+        ]
+        bad = [name for cond, name in checks if cond]
+        return ", ".join(bad) if bad else None
+
+    def generate(self, tokens, base_generate, kw: dict):
+        mode = self._mode
+        if mode not in ("exact", "gated") or not len(tokens):
+            return self._timed(base_generate(tokens, **kw))
+        if mode == "exact":
+            why = self.unsupported(kw)
+            if why:
+                self.st.spec_off = why
+                return self._timed(base_generate(tokens, **kw))
+            return self._timed(self._exact(list(tokens), kw))
+        return self._timed(self._gated(list(tokens), kw))
+
+    def _timed(self, gen):
+        st = self.st
+        t0 = time.perf_counter()
+        try:
+            for tok in gen:
+                st.tokens += 1
+                st.seconds += time.perf_counter() - t0
+                yield tok
+                t0 = time.perf_counter()
+        finally:
+            gen.close()
+
+    def _prompt(self, tokens: list[int], reset: bool) -> int:
+        """Evaluate all prompt tokens but the last on the backbone (reusing the cached prefix); returns
+        the position of the last one, which the loop decodes."""
+        llm = self.llm
+        keep = 0
+        if reset and llm.n_tokens > 0:
+            for a, b in zip(llm._input_ids, tokens[:-1]):
+                if a != b:
+                    break
+                keep += 1
+        elif not reset:
+            keep = llm.n_tokens
+            tokens = list(llm._input_ids) + tokens
+        llm.n_tokens = keep
+        self._rm(keep)
+        self._force(llm.n_layer - 1)
+        if len(tokens) - 1 > keep:
+            llm.eval(tokens[keep:-1])
+        llm.input_ids[llm.n_tokens] = tokens[-1]
+        return llm.n_tokens
+
+    def _exact(self, tokens: list[int], kw: dict):
+        llm, st = self.llm, self.st
+        L, V = llm.n_layer, llm._n_vocab
+        temp = float(kw.get("temp", 0.8))
+        greedy = temp == 0.0
+        sp = dict(temp=temp, top_k=int(kw.get("top_k", 40)), top_p=float(kw.get("top_p", 0.95)),
+                  min_p=float(kw.get("min_p", 0.05)))
+        stop = kw.get("stopping_criteria")
+        rng = np.random.default_rng(llm._seed)
+        vocab = llm._model.vocab
+        is_eog = llama_cpp.llama_vocab_is_eog
+        n = self._prompt(tokens, kw.get("reset", True))
+        pending = tokens[-1]
+        cm = self.costs(pending, n)
+        n_ctx = llm._n_ctx
+        try:
+            while n < n_ctx:
+                a = self.acceptance
+                k = cm.best_k(a, self.kmax)
+                if k == 0:
+                    self._zero_run += 1
+                    if self._zero_run >= 16:      # probe now and then: the acceptance may have changed
+                        k, self._zero_run = 1, 0
+                else:
+                    self._zero_run = 0
+                k = max(0, min(k, n_ctx - n - 1))
+                # -- draft on the river, writing cells n..n+k-1
+                drafts, qs = [], []
+                if k:
+                    self._force(-1)
+                    t0 = time.perf_counter()
+                    x = pending
+                    for i in range(k):
+                        row = self._decode([x], n + i, False)[0]
+                        if greedy:
+                            d = int(row.argmax())
+                        else:
+                            q = processed_probs(row, **sp)
+                            d = int(rng.choice(V, p=q))
+                            qs.append(q)
+                        drafts.append(d)
+                        x = d
+                        if is_eog(vocab, d):
+                            break
+                    dt = (time.perf_counter() - t0) / len(drafts)
+                    cm.draft_s = 0.9 * cm.draft_s + 0.1 * dt
+                    self._force(L - 1)
+                # -- verify on the backbone: positions n..n+len(drafts), replacing the river's cells
+                self._rm(n)
+                t0 = time.perf_counter()
+                batch = [pending] + drafts
+                rows = self._decode(batch, n, True)
+                if greedy:
+                    g = rows.argmax(1)
+                    j = 0
+                    while j < len(drafts) and drafts[j] == g[j]:
+                        j += 1
+                    out = drafts[:j] + [int(g[j])]
+                else:
+                    out, j = [], 0
+                    while True:
+                        p = processed_probs(rows[j], **sp)
+                        if j == len(drafts):
+                            out.append(int(rng.choice(V, p=p)))
+                            break
+                        d, q = drafts[j], qs[j]
+                        if rng.random() * q[d] < p[d]:      # accept with min(1, p/q)
+                            out.append(d)
+                            j += 1
+                            continue
+                        r = np.maximum(p - q, 0.0)
+                        s = r.sum()
+                        out.append(int(rng.choice(V, p=r / s)) if s > 0 else int(rng.choice(V, p=p)))
+                        break
+                dt = time.perf_counter() - t0
+                nb = len(batch)
+                if nb < len(cm.verify_s):
+                    cm.verify_s[nb] = 0.8 * cm.verify_s[nb] + 0.2 * dt
+                # -- keep the backbone cells of pending + accepted drafts
+                keep = n + 1 + j
+                llm.input_ids[n:keep] = batch[: j + 1]
+                llm.n_tokens = keep
+                self._rm(keep)
+                st.cycles += 1
+                st.drafted += len(drafts)
+                st.accepted += j
+                st.k_sum += k
+                self._A = 0.9 * self._A + j
+                self._R = 0.9 * self._R + (1 if j < len(drafts) else 0)
+                if stop is not None:
+                    rows = np.array(rows[: j + 1])
+                for i, tok in enumerate(out):
+                    if stop is not None and stop(llm.input_ids[: n + i + 1], rows[i]):
+                        return
+                    yield tok
+                pending, n = out[-1], keep
+                if n < n_ctx:
+                    llm.input_ids[n] = pending
+        finally:
+            self._force(L - 1)
+
+    def _gated(self, tokens: list[int], kw: dict):
+        """River step per token; when its entropy >= the gate the backbone re-decodes the position.
+        The token comes from llama.cpp's own sampler chain (all settings supported), so gate 0 gives
+        the backbone's output and gate +inf the all-river output, seed for seed."""
+        llm, st = self.llm, self.st
+        L = llm.n_layer
+        kw = dict(kw)
+        stop = kw.pop("stopping_criteria", None)
+        reset = kw.pop("reset", True)
+        kw.pop("penalize_nl", None)
+        sampler = llm._init_sampler(**{k: v for k, v in kw.items() if k in (
+            "top_k", "top_p", "min_p", "typical_p", "temp", "repeat_penalty", "frequency_penalty",
+            "presence_penalty", "tfs_z", "mirostat_mode", "mirostat_eta", "mirostat_tau",
+            "logits_processor", "grammar")})
+        n = self._prompt(tokens, reset)
+        pending = tokens[-1]
+        gate = self.gate
+        try:
+            while n < llm._n_ctx:
+                self._force(-1)
+                row = self._decode([pending], n, False)[0]
+                if gate <= 0 or (gate < math.inf and entropy(row) >= gate):
+                    self._force(L - 1)
+                    self._rm(n)
+                    row = self._decode([pending], n, False)[0]
+                    st.fallbacks += 1
+                llm.input_ids[n] = pending
+                llm.n_tokens = n + 1
+                tok = sampler.sample(llm._ctx, -1)
+                if stop is not None and stop(llm.input_ids[: n + 1], np.array(row)):
+                    return
+                yield tok
+                pending, n = tok, n + 1
+                if n < llm._n_ctx:
+                    llm.input_ids[n] = pending
+        finally:
+            self._force(L - 1)
