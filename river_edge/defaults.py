@@ -94,8 +94,8 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
         Path(tmp).unlink(missing_ok=True)
 
 
-def default_river_path() -> Path:
-    return zoo.cache_dir() / "rivers" / f"{zoo.DEFAULT_MODEL}.river.gguf"
+def default_river_path(model: str = zoo.DEFAULT_MODEL) -> Path:
+    return zoo.cache_dir() / "rivers" / f"{model}.river.gguf"
 
 
 def stored_summary(path: str | Path) -> dict | None:
@@ -109,8 +109,8 @@ def stored_summary(path: str | Path) -> dict | None:
         return None
 
 
-def _usable(path: Path) -> bool:
-    """A default river GGUF from an earlier run: well formed, calibrated, built from today's model."""
+def _usable(path: Path, model: str = zoo.DEFAULT_MODEL) -> bool:
+    """A cached river GGUF from an earlier run: well formed, calibrated, built from today's model."""
     from .gguf_tools.inspect import inspect_gguf
 
     if not path.is_file():
@@ -120,17 +120,19 @@ def _usable(path: Path) -> bool:
     except RiverError:
         return False
     return (info["river"] and not info["problems"] and bool(info["calibrated"])
-            and info["source_sha256"] == zoo.MODELS[zoo.DEFAULT_MODEL].sha256)
+            and info["source_sha256"] == zoo.MODELS[model].sha256)
 
 
-def default_river(progress: Progress | None = None) -> Path:
-    """The calibrated river GGUF of the default model (SmolLM2-135M-Instruct) in the cache folder:
-    `<cache>/rivers/smollm2-135m.river.gguf`. Prepared, built and calibrated with the defaults on first
-    use (a few minutes on 2 cores), reused afterwards while it is valid and made from the pinned model."""
-    path = default_river_path()
-    if _usable(path):
+def default_river(progress: Progress | None = None, model: str = zoo.DEFAULT_MODEL) -> Path:
+    """The calibrated river GGUF of the default model (SmolLM2-135M-Instruct), or of zoo model `model`,
+    in the cache folder: `<cache>/rivers/<model>.river.gguf`. Prepared, built and calibrated with the
+    defaults on first use (a few minutes on 2 cores for SmolLM2; Qwen2.5-Coder-0.5B takes longer), reused
+    afterwards while it is valid and made from the pinned model."""
+    path = default_river_path(model)
+    if _usable(path, model):
         return path
-    base = zoo.default_model(lambda msg: (progress or _quiet)(msg, 0, 0))
+    say = lambda msg: (progress or _quiet)(msg, 0, 0)
+    base = zoo.default_model(say) if model == zoo.DEFAULT_MODEL else resolve_base(model, progress)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
