@@ -1,0 +1,349 @@
+"""`river chat`: a streaming chat loop over a RiverLlama, driven by any pair of text streams.
+
+The loop is here (testable with scripted input and an io.StringIO for output); cli/main.py only parses
+options, loads the model and hands over stdin/stdout.
+
+Telemetry per answer comes from a `Meter`: a llama-cpp-python logits processor, called once for every
+sampled token, that notes the time and the exit layer of the step whose logits it sees. The first
+sample of an answer sees the prompt's logits (prefill), so decode speed and depth count the steps after
+it: depth = mean backbone layers per decoded token (exit after layer e = e + 1 layers; n_layer = all).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence, TextIO
+
+import numpy as np
+
+from .format import RiverError
+
+RESET = "\x1b[0m"
+# Colour by the share of the backbone a token ran: river from early on .. full backbone (plain text).
+BANDS = ((0.25, "\x1b[31m", "<25%"), (0.50, "\x1b[33m", "25-50%"), (0.75, "\x1b[32m", "50-75%"),
+         (1.00, "\x1b[36m", "75-99%"))
+HELP = "commands: /reset (clear the history), /stats (session numbers), /quit (or Ctrl-D)"
+
+
+def load(model: str | Path, *, tau: float | None = None, river: bool = True, threads: int | None = None,
+         n_ctx: int = 4096, seed: int = 0, mode: str | None = None, **kwargs):
+    """A RiverLlama for chatting: `tau` one threshold for every layer (over the GGUF's), `river=False`
+    the backbone alone. A GGUF without a river runs as the stock model (tau then is an error)."""
+    from .runtime import RiverLlama
+    from .tokenizer import quiet_llama_logs
+
+    if mode is not None:
+        kwargs["mode"] = mode
+    with quiet_llama_logs():
+        llm = RiverLlama(str(model), n_ctx=n_ctx, n_threads=threads, seed=seed, **kwargs)
+    if tau is not None:
+        llm.thresholds = float(tau)
+    if not river:
+        llm.river_enabled = False
+    return llm
+
+
+SPEC_MODES = ("exact", "gated")  # modes that own the decoding loop (river_edge/spec.py)
+
+
+def river_active(llm) -> bool:
+    return (bool(getattr(llm, "has_river", False)) and bool(llm.river_enabled)
+            and getattr(llm, "mode", None) != "backbone")
+
+
+class Meter:
+    """Per-answer telemetry: decode tokens, tok/s, mean backbone depth, exit histogram.
+
+    Normally a logits processor (`processors()`), called for every sampled token: it notes the time and
+    the exit layer of the step whose logits it sees. The speculative modes (exact, gated) decode with
+    their own loop, which a logits processor would switch off; there the numbers come from the mode's
+    stats() and the runtime's exit histogram (which then counts draft and verify batches too), and
+    `tick()` per streamed chunk serves the colours."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.n_layer = int(getattr(llm, "n_layer", 0))
+        self.river = river_active(llm)
+        self.passive = getattr(llm, "mode", None) in SPEC_MODES
+        self.times: list[float] = []
+        self.exits: list[int] = []  # -1..n_layer-1; n_layer-1 when the backbone ran whole
+        if self.passive:
+            st = llm.stats()
+            self._s0 = (st["tokens"], st["seconds"])
+            self._h0 = llm.exit_histogram()
+
+    def processors(self):
+        return None if self.passive else [self]
+
+    def __call__(self, input_ids, scores):
+        self.times.append(time.perf_counter())
+        self.exits.append(self.exit_now())
+        return scores
+
+    def tick(self) -> None:
+        if self.passive:
+            self.times.append(time.perf_counter())
+            self.exits.append(self.exit_now())
+
+    def exit_now(self) -> int:
+        if not self.river:
+            return self.n_layer - 1
+        e = self.llm.last_exit
+        return self.n_layer - 1 if e is None else int(e)
+
+    # Processor mode: every sample after the first is a decode step (the first sees the prompt's logits).
+    @property
+    def decode_exits(self) -> list[int]:
+        return self.exits[1:]
+
+    @property
+    def samples(self) -> int:
+        """Tokens sampled (the end-of-turn token included)."""
+        if self.passive:
+            return int(self.llm.stats()["tokens"] - self._s0[0])
+        return len(self.times)
+
+    def decode_steps(self) -> int:
+        return max(self.samples - 1, 0)
+
+    def decode_seconds(self) -> float:
+        if self.passive:
+            st = self.llm.stats()
+            return float(st["seconds"] - self._s0[1])  # the mode's own clock (the first token included)
+        return self.times[-1] - self.times[0] if len(self.times) > 1 else 0.0
+
+    def tok_s(self) -> float:
+        s = self.decode_seconds()
+        n = self.samples if self.passive else self.decode_steps()
+        return n / s if s > 0 else 0.0
+
+    def histogram(self) -> np.ndarray:
+        """counts[e + 1] of decode steps that exited after layer e (the runtime's layout)."""
+        if self.passive:
+            return (self.llm.exit_histogram() - self._h0).astype(np.int64)
+        return np.bincount(np.asarray(self.decode_exits, dtype=np.int64) + 1, minlength=self.n_layer + 1)
+
+    def depth(self) -> float:
+        h = self.histogram()
+        n = int(h.sum())
+        if not n:
+            ex = self.exits
+            return float(np.mean(ex) + 1) if ex else float(self.n_layer)
+        return float((h * np.arange(len(h))).sum() / n)
+
+
+def color_of(exit_layer: int | None, n_layer: int) -> str:
+    if exit_layer is None or exit_layer >= n_layer - 1:
+        return ""
+    share = (exit_layer + 1) / n_layer
+    return next(code for top, code, _ in BANDS if share < top or top == 1.0)
+
+
+def legend() -> str:
+    parts = [f"{code}{name}{RESET}" for _, code, name in BANDS] + ["full backbone"]
+    return "exit depth: " + " ".join(parts)
+
+
+def histogram_summary(hist: Sequence[int], n_layer: int, top: int = 4) -> str:
+    """'exits: full 41%, after 17 22%, all-river 5%, ...' (the most frequent first)."""
+    h = np.asarray(hist, dtype=np.int64)
+    total = int(h.sum())
+    if total == 0:
+        return "exits: none yet"
+
+    def name(i: int) -> str:
+        e = i - 1
+        return "full" if e == n_layer - 1 else ("all-river" if e < 0 else f"after {e}")
+    order = [i for i in np.argsort(-h, kind="stable") if h[i] > 0]
+    shown = [f"{name(i)} {100 * h[i] / total:.0f}%" for i in order[:top]]
+    rest = len(order) - top
+    return "exits: " + ", ".join(shown) + (f", {rest} more layers" if rest > 0 else "")
+
+
+@dataclass
+class Turn:
+    text: str
+    tokens: int
+    tok_s: float
+    depth: float
+    seconds: float
+    finish: str | None = None
+
+
+@dataclass
+class Session:
+    tokens: int = 0
+    decode_steps: int = 0
+    decode_seconds: float = 0.0
+    answers: int = 0
+    hist: np.ndarray | None = None
+
+
+@dataclass
+class Chat:
+    """History plus streaming. `ask(text)` answers one user turn, writing the tokens to `out`."""
+    llm: object
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    system: str | None = None
+    max_tokens: int = 512
+    color: bool = False
+    temperature: float = 0.2
+    top_p: float = 0.9
+    seed: int = 0
+    history: list[dict] = field(default_factory=list)
+    session: Session = field(default_factory=Session)
+
+    @property
+    def n_layer(self) -> int:
+        return int(getattr(self.llm, "n_layer", 0))
+
+    def messages(self) -> list[dict]:
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+
+    def reset(self) -> None:
+        self.history.clear()
+        self.llm.reset()  # the KV cache: the next prompt is evaluated from scratch
+        if getattr(self.llm, "has_river", False):
+            self.llm.reset_stats()
+        self.session = Session()
+
+    def _stream(self, meter: Meter):
+        return self.llm.create_chat_completion(
+            self.messages(), stream=True, max_tokens=self.max_tokens, temperature=self.temperature,
+            top_p=self.top_p, seed=self.seed, logits_processor=meter.processors())
+
+    def ask(self, text: str) -> Turn:
+        self.history.append({"role": "user", "content": text})
+        meter = Meter(self.llm)
+        t0 = time.perf_counter()
+        pieces: list[str] = []
+        finish = None
+        try:
+            while True:
+                try:
+                    stream = self._stream(meter)
+                    first = next(stream)
+                    break
+                except ValueError as e:  # the history no longer fits the context: forget the oldest turn
+                    if "exceed context window" not in str(e) or len(self.history) <= 1:
+                        raise RiverError(f"the prompt does not fit the context ({e})") from None
+                    del self.history[:2]
+            for chunk in _chain(first, stream):
+                choice = chunk["choices"][0]
+                piece = choice.get("delta", {}).get("content")
+                finish = choice.get("finish_reason") or finish
+                if piece:
+                    meter.tick()
+                    pieces.append(piece)
+                    if self.color:
+                        code = color_of(meter.exit_now() if meter.river else None, self.n_layer)
+                        self.out.write(f"{code}{piece}{RESET}" if code else piece)
+                    else:
+                        self.out.write(piece)
+                    self.out.flush()
+        finally:
+            answer = "".join(pieces)
+            self.history.append({"role": "assistant", "content": answer})
+        seconds = time.perf_counter() - t0
+        steps = meter.samples
+        tokens = steps - 1 if finish == "stop" and steps else steps  # the end-of-turn token is not shown
+        turn = Turn(answer, tokens, meter.tok_s(), meter.depth(), seconds, finish)
+        s = self.session
+        s.tokens += tokens
+        s.decode_steps += meter.samples if meter.passive else meter.decode_steps()
+        s.decode_seconds += meter.decode_seconds()
+        s.answers += 1
+        h = meter.histogram()
+        s.hist = h if s.hist is None else s.hist + h
+        return turn
+
+    def turn_line(self, turn: Turn) -> str:
+        river = "" if self.label() == "river on" else f" ({self.label()})"
+        return (f"[{turn.tokens} tokens, {turn.tok_s:.1f} tok/s, backbone depth "
+                f"{turn.depth:.1f}/{self.n_layer}{river}]")
+
+    def stats(self) -> str:
+        s = self.session
+        if not s.answers:
+            return "no answers yet"
+        tok_s = s.decode_steps / s.decode_seconds if s.decode_seconds > 0 else 0.0
+        h = s.hist if s.hist is not None else np.zeros(self.n_layer + 1, dtype=np.int64)
+        n = int(h.sum())
+        depth = float((h * np.arange(len(h))).sum() / n) if n else float(self.n_layer)
+        return (f"{s.answers} answers, {s.tokens} tokens, {tok_s:.1f} tok/s decode, backbone depth "
+                f"{depth:.1f}/{self.n_layer} ({self.label()}); {histogram_summary(h, self.n_layer)}")
+
+    def label(self) -> str:
+        mode = getattr(self.llm, "mode", None)
+        if not river_active(self.llm):
+            return "river off"
+        return f"{mode} mode" if mode in SPEC_MODES else "river on"
+
+    def run(self, inp: Iterable[str] | TextIO, interactive: bool = False, err: TextIO | None = None) -> int:
+        """The loop: one line per user turn; /reset, /stats, /quit; EOF or Ctrl-C ends it (returns 0).
+
+        `inp`: a text stream or any iterable of lines (a terminal: `terminal_lines()`, which prompts);
+        `interactive` prints the help line (and the colour legend) first, on `err`."""
+        err = err or self.out
+        if interactive:
+            err.write(HELP + "\n")
+            if self.color:
+                err.write(legend() + "\n")
+            err.flush()
+        lines = iter(inp.readline, "") if hasattr(inp, "readline") else iter(inp)
+        try:
+            while True:
+                line = next(lines, None)
+                if line is None:
+                    break
+                text = line.strip()
+                if not text:
+                    continue
+                if text.startswith("/"):
+                    cmd = text.split()[0].lower()
+                    if cmd in ("/quit", "/exit", "/q"):
+                        break
+                    if cmd == "/reset":
+                        self.reset()
+                        self.out.write("(history cleared)\n")
+                    elif cmd == "/stats":
+                        self.out.write(self.stats() + "\n")
+                    else:
+                        self.out.write(f"unknown command {cmd}; {HELP}\n")
+                    self.out.flush()
+                    continue
+                turn = self.ask(text)
+                self.out.write("\n" + self.turn_line(turn) + "\n")
+                self.out.flush()
+        except KeyboardInterrupt:
+            self.out.write(RESET + "\n")
+            self.out.flush()
+        return 0
+
+    def once(self, prompt: str) -> Turn:
+        """One scripted turn (--prompt, `river demo`): the answer streamed, then its speed and depth."""
+        turn = self.ask(prompt)
+        self.out.write("\n" + self.turn_line(turn) + "\n")
+        self.out.flush()
+        return turn
+
+
+def terminal_lines(prompt: str = "> "):
+    """Lines typed at a terminal, with line editing (input()); ends at EOF (Ctrl-D)."""
+    try:
+        import readline  # noqa: F401  (arrow keys and history for input())
+    except ImportError:
+        pass
+    while True:
+        try:
+            yield input(prompt)
+        except EOFError:
+            print()
+            return
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
