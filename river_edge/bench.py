@@ -1,0 +1,569 @@
+"""The laptop benchmark (`river bench`, bench/runtime_bench.py): backbone vs river vs plain quantization.
+
+Every configuration is measured in one process, ALTERNATING round-robin: all models are loaded once,
+and each round runs every configuration on the same prompt before moving on (the order rotates from
+round to round), so a change of machine load hits all of them alike. Ratios are to the backbone
+measured in the same run, paired sample by sample (same round, same prompt) and then the median taken.
+
+Configurations (the river GGUF is loaded once; its controls switch without reloading):
+- backbone:   the river GGUF with the river off (the stock graph; F16 when built with the defaults)
+- plain-f16:  the river GGUF's backbone as a plain file (`plain(river, "backbone")`), stock llama.cpp
+- river:      the river on at the GGUF's own calibrated thresholds and min exit layer
+- all-river:  forced exit -1 (every layer on the river)
+- q8_0, q4_0: plain full quantization (`plain(base, type)`) of the base model the river was built from
+- exit@e:     forced exit after backbone layer e, e in (0, L/4, L/2, 3L/4, L-1): the sweep
+
+Measured: decode tok/s (greedy, the packaged calibration prompts in the chat template, N new tokens each,
+EOS ignored so every configuration decodes the same number of tokens; the first decode step after the
+prompt is untimed: it builds the decode graph), prefill tok/s (one ubatch of a ~200-token prompt), mean
+backbone depth (exit histogram of the decode ubatches), the share of decode time spent deciding exits
+(the runtime's own decision timer), and peak memory (ru_maxrss of a fresh subprocess per configuration
+after loading and decoding 16 tokens; llama.cpp maps the file with MAP_POPULATE, so a loaded model counts
+whole).
+
+The forced-exit sweep is drawn against the ideal line per token, t(e) = t_allriver + (e+1)/L *
+(t_backbone - t_allriver): backbone layer time x layers run on the backbone + river layer time x layers
+run on the river + head, with the layer times from the backbone and all-river runs (the head cancels).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics as st
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import zoo
+from .format import RiverError
+
+Progress = Callable[[str, int, int], None]
+
+DEFAULT_THREADS = 2
+DEFAULT_TOKENS = 48
+DEFAULT_ROUNDS = 3
+DEFAULT_PROMPTS = 3
+PREFILL_TOKENS = 200
+MEMORY_TOKENS = 16
+QUICK = dict(tokens=12, rounds=1, n_prompts=1, prefill_reps=1, memory=False)
+
+# Targets of the runtime issue (#3, item 6)
+TARGET_SWEEP = 0.05      # every sweep point within 5% of the ideal line
+TARGET_DECISION = 0.01   # exit decisions under 1% of the decode step
+TARGET_PREFILL = 0.97    # prefill with the river on at least 0.97 of the backbone's speed
+
+
+def _quiet(what: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    file: str               # "river" (the river GGUF), "plain-f16", "q8_0", "q4_0"
+    river: bool = False     # the river graph on (river GGUF only)
+    forced: int | None = None  # forced exit layer; None: the calibrated rule
+    sweep: bool = False
+    label: str = ""
+
+
+def configs(n_layer: int, sweep: bool = True) -> list[Config]:
+    L = n_layer
+    out = [
+        Config("backbone", "river", label="backbone (river GGUF, river off)"),
+        Config("plain-f16", "plain-f16", label="backbone as a plain file"),
+        Config("river", "river", river=True, label="river, calibrated thresholds"),
+        Config("all-river", "river", river=True, forced=-1, label="all-river (forced -1)"),
+        Config("q8_0", "q8_0", label="plain Q8_0"),
+        Config("q4_0", "q4_0", label="plain Q4_0"),
+    ]
+    if sweep:
+        for e in sweep_layers(L):
+            out.append(Config(f"exit@{e}", "river", river=True, forced=e, sweep=True,
+                              label=f"forced exit after layer {e}"))
+    return out
+
+
+def sweep_layers(n_layer: int) -> list[int]:
+    L = n_layer
+    return sorted({0, L // 4, L // 2, (3 * L) // 4, L - 1})
+
+
+# -- files ---------------------------------------------------------------------------------------------
+
+def resolve_river(model: str | os.PathLike | None, progress: Progress | None = None) -> Path:
+    """A river GGUF to benchmark: a path as given; a zoo name -> its calibrated river GGUF in the cache
+    (built with the defaults on first use); None -> the default model's (SmolLM2-135M-Instruct)."""
+    from .defaults import default_river
+    from .gguf_tools.inspect import check
+
+    if model is None:
+        return default_river(progress)
+    path = Path(model).expanduser()
+    if not path.exists() and str(model) in zoo.MODELS:
+        return default_river(progress, model=str(model))
+    if not path.is_file():
+        known = ", ".join(m for m, s in zoo.MODELS.items() if s.supported)
+        raise RiverError(f"{model}: no such file or model name (models: {known})")
+    check(path, require_river=True)
+    return path
+
+
+def _stem(river_path: Path) -> str:
+    name = river_path.name
+    for suffix in (".river.gguf", ".gguf"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return river_path.stem
+
+
+def _source_model(info: dict) -> str | None:
+    """The zoo model a river GGUF was built from (by the source's sha256), if any."""
+    sha = info.get("source_sha256")
+    return next((m.name for m in zoo.MODELS.values() if m.sha256 == sha), None) if sha else None
+
+
+def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
+    """plain(src, dst, mode), cached: reused while newer than its source; written atomically."""
+    from .gguf_tools.convert import plain
+
+    if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
+        return dst
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp.gguf")
+    try:
+        plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total))
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
+
+
+def prepare_files(river_path: Path, progress: Progress | None = None) -> tuple[dict[str, Path], dict]:
+    """The files of every configuration, plain ones written once next to the river GGUF; and notes."""
+    from .gguf_tools.inspect import inspect_gguf
+
+    say = progress or _quiet
+    river_path = Path(river_path)
+    info = inspect_gguf(river_path)
+    if not info["river"]:
+        raise RiverError(f"{river_path}: not a river GGUF; build one with `river build`")
+    source = _source_model(info)
+    base = zoo.model_path(source) if source and zoo.is_prepared(source) else None
+    stem, folder = _stem(river_path), river_path.parent
+    files = {"river": river_path,
+             "plain-f16": _derive(river_path, folder / f"{stem}.backbone.gguf", "backbone", say)}
+    quant_src = base or river_path  # without the base file, plain() re-quantizes the river GGUF's backbone
+    for q in ("q8_0", "q4_0"):
+        files[q] = _derive(quant_src, folder / f"{stem}.{q}.gguf", q, say)
+    notes = {
+        "source_model": source,
+        "source_file": str(base) if base else None,
+        "quant_source": "base model" if base else "river GGUF's backbone (base model not found)",
+        "backbone_type": info.get("backbone_type") or "source",
+        "river_type": info.get("river_type"),
+        "architecture": info["architecture"],
+        "n_layer": info["n_layer"],
+        "calibrated": bool(info.get("calibrated")),
+        "min_exit_layer": info.get("min_exit_layer"),
+        "file_bytes": {k: v.stat().st_size for k, v in files.items()},
+    }
+    return files, notes
+
+
+def weights_note(notes: dict) -> str:
+    src = zoo.MODELS[notes["source_model"]].description if notes.get("source_model") else "a user GGUF"
+    return (f"source {src}; backbone {notes['backbone_type']} (an upcast where the source ships quantized); "
+            f"river {notes['river_type']} re-quantized from the backbone; Q8_0/Q4_0 from the "
+            f"{notes['quant_source']}")
+
+
+# -- prompts -------------------------------------------------------------------------------------------
+
+def packaged_prompts(n: int) -> list[str]:
+    """n packaged calibration prompts, alternating GSM8K and code (read without importing torch)."""
+    from importlib import resources
+
+    rows = [json.loads(x) for x in resources.files("river_edge").joinpath("data/calibration.jsonl")
+            .read_text().splitlines() if x.strip()]
+    by = {}
+    for r in rows:
+        by.setdefault(r["source"], []).append(r["prompt"])
+    groups = list(by.values())
+    out, i = [], 0
+    while len(out) < n and any(i < len(g) for g in groups):
+        out += [g[i] for g in groups if i < len(g)]
+        i += 1
+    return out[:n]
+
+
+def _prefill_tokens(tok, n: int) -> list[int]:
+    """About n tokens of packaged prompt text (BOS first), for the prefill measurement."""
+    text = " ".join(packaged_prompts(40))
+    ids = tok.encode(text, special=False)
+    while len(ids) < n - 1:
+        ids = ids + ids
+    return [tok.llm.token_bos()] + ids[: n - 1]
+
+
+# -- measuring -----------------------------------------------------------------------------------------
+
+def _load(path: Path, n_ctx: int, threads: int):
+    from .runtime import RiverLlama
+
+    return RiverLlama(str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                      n_threads_batch=threads, seed=0)
+
+
+def _apply(m, c: Config) -> None:
+    if not m.has_river:
+        return
+    m.river_enabled = c.river
+    if c.river:
+        m.forced_exit = c.forced
+
+
+def _decode(m, c: Config, prompt: list[int], n: int) -> dict:
+    """Prompt (untimed), then n greedy decode steps; the first one untimed (it builds the decode graph)."""
+    _apply(m, c)
+    m.reset()
+    m.eval(prompt)
+    tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+    river = m.has_river and c.river
+    if river:
+        m.reset_stats()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        m.eval([tok])
+        tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+        times.append(time.perf_counter() - t0)
+    timed = times[1:] if len(times) > 1 else times
+    r = {"tps": len(timed) / sum(timed), "seconds": sum(times), "steps": len(times)}
+    if river:
+        r["hist"] = m.exit_histogram().tolist()
+        r["decision_s"] = m.decision_seconds()
+    return r
+
+
+def _prefill(m, c: Config, tokens: list[int]) -> dict:
+    _apply(m, c)
+    m.reset()
+    if m.has_river and c.river:
+        m.reset_stats()
+    t0 = time.perf_counter()
+    m.eval(tokens)
+    dt = time.perf_counter() - t0
+    r = {"tps": len(tokens) / dt}
+    if m.has_river and c.river:
+        r["exit"] = m.last_exit
+    return r
+
+
+def _load_avg() -> dict:
+    la = os.getloadavg()
+    try:
+        up = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        up = ""
+    return {"loadavg_1_5_15": [round(x, 2) for x in la], "uptime": up}
+
+
+def _memory(path: Path, c: Config, n_ctx: int, threads: int, prompt: list[int]) -> dict:
+    """Peak RSS of a fresh process that loads the file, applies the configuration, decodes 16 tokens."""
+    arg = json.dumps({"path": str(path), "config": asdict(c), "n_ctx": n_ctx, "threads": threads,
+                      "prompt": prompt, "tokens": MEMORY_TOKENS})
+    p = subprocess.run([sys.executable, "-m", "river_edge.bench", "--memory-probe", arg],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["probe failed"])[-1]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _memory_probe(arg: str) -> None:
+    import resource
+
+    a = json.loads(arg)
+    kb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    import llama_cpp  # noqa: F401  (the library itself counts in the baseline)
+
+    base = kb()
+    m = _load(Path(a["path"]), a["n_ctx"], a["threads"])
+    loaded = kb()
+    _decode(m, Config(**a["config"]), a["prompt"], a["tokens"])
+    print(json.dumps({"baseline_mib": base / 1024, "after_load_mib": loaded / 1024,
+                      "peak_mib": kb() / 1024, "model_mib": (kb() - base) / 1024}))
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return float(st.median(xs)) if xs else None
+
+
+def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int = DEFAULT_TOKENS,
+        rounds: int = DEFAULT_ROUNDS, n_prompts: int = DEFAULT_PROMPTS, prompts: Sequence[str] | None = None,
+        prefill_tokens: int = PREFILL_TOKENS, prefill_reps: int = 2, memory: bool = True, sweep: bool = True,
+        progress: Progress | None = None) -> dict:
+    """Benchmark a river GGUF against its backbone and plain quantization; returns the result dict."""
+    from .tokenizer import Tokenizer
+
+    say = progress or _quiet
+    if tokens < 2:
+        raise RiverError("tokens: need at least 2 decode tokens (the first step is untimed)")
+    if rounds < 1 or threads < 1:
+        raise RiverError("rounds and threads must be at least 1")
+    river_path = Path(river_path)
+    files, notes = prepare_files(river_path, say)
+    L = notes["n_layer"]
+    cfgs = configs(L, sweep)
+    texts = list(prompts) if prompts else packaged_prompts(n_prompts)
+    tok = Tokenizer(river_path)
+    chats = [tok.chat(t) for t in texts]
+    pre = _prefill_tokens(tok, prefill_tokens)
+    n_ctx = max(max(len(c) for c in chats) + tokens + 8, len(pre) + 8, 256)
+    load_before = _load_avg()
+
+    say("loading the models", 0, len(files))
+    models = {}
+    for i, (k, p) in enumerate(files.items()):
+        models[k] = _load(p, n_ctx, threads)
+        say("loading the models", i + 1, len(files))
+    if not models["river"].has_river:
+        raise RiverError(f"{river_path}: the runtime sees no river in it (is the patched llama-cpp-python "
+                         "installed?)")
+    thresholds = models["river"].thresholds
+
+    dec = {c.name: [] for c in cfgs}   # per (round, prompt), same order in every configuration
+    pf = {c.name: [] for c in cfgs}
+    total = rounds * (len(chats) + 1) * len(cfgs)
+    done = 0
+    t_start = time.time()
+    for r in range(rounds):
+        order = cfgs[r % len(cfgs):] + cfgs[: r % len(cfgs)]
+        for p in chats:
+            for c in order:
+                dec[c.name].append(_decode(models[c.file], c, p, tokens))
+                done += 1
+                say(f"round {r + 1}/{rounds}: decode", done, total)
+        for c in order:
+            for _ in range(prefill_reps):
+                pf[c.name].append(_prefill(models[c.file], c, pre))
+            done += 1
+            say(f"round {r + 1}/{rounds}: prefill", done, total)
+    elapsed = time.time() - t_start
+    load_after = _load_avg()
+    del models
+
+    mem = {}
+    if memory:
+        for i, c in enumerate(x for x in cfgs if not x.sweep):
+            say("peak memory (one subprocess per configuration)", i, 6)
+            mem[c.name] = _memory(files[c.file], c, n_ctx, threads, chats[0])
+    return _summarize(river_path, files, notes, cfgs, dec, pf, mem, dict(
+        threads=threads, tokens=tokens, rounds=rounds, prompts=texts, prompt_tokens=[len(c) for c in chats],
+        prefill_tokens=len(pre), prefill_reps=prefill_reps, n_ctx=n_ctx, thresholds=thresholds,
+        elapsed_s=elapsed, load_before=load_before, load_after=load_after))
+
+
+def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
+    L = notes["n_layer"]
+    bb = dec["backbone"]
+    bb_pf = pf["backbone"]
+    rows = {}
+    for c in cfgs:
+        d, p = dec[c.name], pf[c.name]
+        row = {
+            "label": c.label, "file": str(files[c.file]), "river_on": c.river, "forced_exit": c.forced,
+            "decode_tps": _median([x["tps"] for x in d]),
+            "decode_ms_per_token": _median([1e3 / x["tps"] for x in d]),
+            "decode_ratio": _median([x["tps"] / y["tps"] for x, y in zip(d, bb)]),
+            "prefill_tps": _median([x["tps"] for x in p]),
+            "prefill_ratio": _median([x["tps"] / y["tps"] for x, y in zip(p, bb_pf)]),
+            "samples": len(d),
+        }
+        if c.river:
+            h = np.sum([x["hist"] for x in d], axis=0)
+            row["exit_histogram"] = h.tolist()  # counts[e + 1]: decode ubatches that exited after layer e
+            row["mean_depth"] = float((h * np.arange(L + 1)).sum() / max(h.sum(), 1))
+            row["decision_share"] = sum(x["decision_s"] for x in d) / sum(x["seconds"] for x in d)
+            row["prefill_exit_layers"] = sorted({x.get("exit") for x in p if x.get("exit") is not None})
+        else:
+            row["mean_depth"] = float(L) if c.file in ("river", "plain-f16") else None
+        if c.name in mem:
+            row["memory"] = mem[c.name]
+        rows[c.name] = row
+
+    # the sweep against the ideal line; per token, paired sample by sample
+    sweep = []
+    ar, bbd = dec["all-river"], dec["backbone"]
+    t_ar, t_bb = rows["all-river"]["decode_ms_per_token"], rows["backbone"]["decode_ms_per_token"]
+    for c in (c for c in cfgs if c.sweep):
+        e = c.forced
+        f = (e + 1) / L
+        ratios = [(1 / x["tps"]) / ((1 / a["tps"]) + f * (1 / b["tps"] - 1 / a["tps"]))
+                  for x, a, b in zip(dec[c.name], ar, bbd)]
+        r = _median(ratios)
+        sweep.append({"exit": e, "backbone_layers": e + 1, "ms_per_token": rows[c.name]["decode_ms_per_token"],
+                      "ideal_ms_per_token": t_ar + f * (t_bb - t_ar), "ratio_to_ideal": r,
+                      "within_5pct": abs(r - 1) <= TARGET_SWEEP, "mean_depth": rows[c.name]["mean_depth"]})
+    targets = {
+        "sweep_within_5pct_of_ideal": {
+            "target": f"every point within {TARGET_SWEEP:.0%} of the ideal line",
+            "worst_ratio": max((s["ratio_to_ideal"] for s in sweep), key=lambda x: abs(x - 1), default=None),
+            "met": bool(sweep) and all(s["within_5pct"] for s in sweep)},
+        "decision_share": {
+            "target": f"< {TARGET_DECISION:.0%} of the decode step (calibrated river)",
+            "value": rows["river"]["decision_share"],
+            "met": rows["river"]["decision_share"] < TARGET_DECISION},
+        "prefill_river_vs_backbone": {
+            "target": f">= {TARGET_PREFILL} of the backbone's prefill tok/s (calibrated river on)",
+            "value": rows["river"]["prefill_ratio"],
+            "met": rows["river"]["prefill_ratio"] >= TARGET_PREFILL},
+    }
+    if not sweep:
+        targets.pop("sweep_within_5pct_of_ideal")
+    ceiling = rows["q4_0"]["decode_ratio"]
+    return {
+        "model": notes.get("source_model") or _stem(Path(river_path)),
+        "river_gguf": str(river_path),
+        "weights": weights_note(notes),
+        "files": notes,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor(),
+                    **{k: meta[k] for k in ("load_before", "load_after")}},
+        "method": {
+            "threads": meta["threads"], "decode_tokens": meta["tokens"], "rounds": meta["rounds"],
+            "prompts": meta["prompts"], "prompt_tokens": meta["prompt_tokens"],
+            "prompt_set": "packaged calibration prompts (river_edge/data/calibration.jsonl), chat template, greedy, "
+                          "EOS ignored; first decode step untimed",
+            "prefill_tokens": meta["prefill_tokens"], "prefill_reps_per_round": meta["prefill_reps"],
+            "n_ctx": meta["n_ctx"], "order": "round-robin, every configuration on each prompt in turn, order "
+                                             "rotated each round, all models loaded once",
+            "ratios": "median over (round, prompt) of tok/s / backbone tok/s in the same round and prompt",
+            "memory": "ru_maxrss (peak RSS) of a fresh subprocess per configuration after loading the model "
+                      "(llama.cpp mmaps with MAP_POPULATE) and decoding 16 tokens; baseline_mib is the "
+                      "interpreter with llama_cpp imported; sweep points share the river configuration's file",
+            "ideal_line": "t(e) = t_allriver + (e+1)/L * (t_backbone - t_allriver) per token; ratio_to_ideal is "
+                          "measured/ideal (paired per sample, median)",
+            "elapsed_s": meta["elapsed_s"],
+        },
+        "n_layer": L,
+        "thresholds": [x if np.isfinite(x) else "inf" for x in meta["thresholds"]],
+        "configs": rows,
+        "sweep": sweep,
+        "targets": targets,
+        "river_vs_q4_0_ceiling": {"river_decode_ratio": rows["river"]["decode_ratio"], "q4_0_decode_ratio": ceiling,
+                                  "river_share_of_q4_0_speed": rows["river"]["decode_tps"] / rows["q4_0"]["decode_tps"]},
+    }
+
+
+# -- output --------------------------------------------------------------------------------------------
+
+def _f(x, fmt):
+    return "-" if x is None else format(x, fmt)
+
+
+def format_table(res: dict) -> str:
+    m = res["method"]
+    lines = [f"{res['model']}: {res['weights']}",
+             f"{m['threads']} threads, {len(m['prompts'])} prompts x {m['rounds']} rounds, {m['decode_tokens']} decode "
+             f"tokens, prefill {m['prefill_tokens']} tokens; load {res['machine']['load_before']['loadavg_1_5_15']} -> "
+             f"{res['machine']['load_after']['loadavg_1_5_15']}", "",
+             f"{'config':<11} {'decode tok/s':>12} {'x bb':>6} {'prefill tok/s':>13} {'x bb':>6} {'depth':>6} "
+             f"{'peak MiB':>9}"]
+    for name, r in res["configs"].items():
+        mem = r.get("memory", {}).get("peak_mib")
+        lines.append(f"{name:<11} {_f(r['decode_tps'], '12.1f')} {_f(r['decode_ratio'], '6.3f')} "
+                     f"{_f(r['prefill_tps'], '13.1f')} {_f(r['prefill_ratio'], '6.3f')} {_f(r['mean_depth'], '6.2f')} "
+                     f"{_f(mem, '9.0f')}")
+    if res["sweep"]:
+        lines += ["", f"forced-exit sweep vs the ideal line (L = {res['n_layer']})",
+                  f"{'exit':>5} {'bb layers':>9} {'ms/token':>9} {'ideal':>7} {'ratio':>6}  within 5%"]
+        for s in res["sweep"]:
+            lines.append(f"{s['exit']:>5} {s['backbone_layers']:>9} {s['ms_per_token']:>9.2f} "
+                         f"{s['ideal_ms_per_token']:>7.2f} {s['ratio_to_ideal']:>6.3f}  {'yes' if s['within_5pct'] else 'NO'}")
+    lines.append("")
+    for k, t in res["targets"].items():
+        v = t.get("value", t.get("worst_ratio"))
+        lines.append(f"target {k}: {t['target']}: {_f(v, '.4f')} -> {'met' if t['met'] else 'MISSED'}")
+    r = res["configs"]["river"]
+    lines.append(f"river: mean backbone depth {r['mean_depth']:.2f} of {res['n_layer']}, decision share "
+                 f"{r['decision_share']:.3%}, {res['river_vs_q4_0_ceiling']['river_share_of_q4_0_speed']:.2f} of "
+                 f"plain Q4_0's decode speed")
+    return "\n".join(lines)
+
+
+def figure(res: dict, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = res["configs"]
+    main = [k for k in rows if not k.startswith("exit@")]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
+    x = np.arange(len(main))
+    w = 0.4
+    d = [rows[k]["decode_tps"] for k in main]
+    p = [rows[k]["prefill_tps"] / 10 for k in main]
+    bars = a.bar(x - w / 2, d, w, label="decode tok/s")
+    pbars = a.bar(x + w / 2, p, w, label="prefill tok/s / 10", color="C1", alpha=0.7)
+    for bar, k in zip(bars, main):
+        a.annotate(f"{rows[k]['decode_ratio']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                   ha="center", va="bottom", fontsize=8)
+    for bar, k in zip(pbars, main):
+        a.annotate(f"{rows[k]['prefill_ratio']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                   ha="center", va="bottom", fontsize=7, color="C1")
+    a.set_xticks(x, [k + (f"\nd={rows[k]['mean_depth']:.1f}" if rows[k].get("river_on") else "") for k in main],
+                 fontsize=8)
+    a.set(ylabel="tokens / s (median)", title="Decode and prefill speed (ratio to the backbone, same run)")
+    a.legend(fontsize=8)
+
+    L = res["n_layer"]
+    sw = res["sweep"]
+    if sw:
+        t_ar = rows["all-river"]["decode_ms_per_token"]
+        t_bb = rows["backbone"]["decode_ms_per_token"]
+        xs = np.array([0, L])
+        b.plot(xs, t_ar + xs / L * (t_bb - t_ar), "--", color="grey", label="ideal line (from all-river and backbone)")
+        b.plot([s["backbone_layers"] for s in sw], [s["ms_per_token"] for s in sw], "o-", color="C0",
+               label="forced exit after layer e (measured)")
+        for s in sw:
+            b.annotate(f"{s['ratio_to_ideal']:.3f}", (s["backbone_layers"], s["ms_per_token"]),
+                       textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+        b.plot([0], [t_ar], "kD", label="all-river")
+        b.plot([L], [t_bb], "g^", ms=8, label="backbone (river off)")
+        rv = rows["river"]
+        b.plot([rv["mean_depth"]], [rv["decode_ms_per_token"]], "r*", ms=12, label="river, calibrated")
+        b.set(xlabel="layers run on the backbone (e + 1)", ylabel="ms per decode token (median)",
+              title="Forced-exit sweep vs the ideal line (label: measured / ideal)")
+        b.legend(fontsize=8)
+    m = res["method"]
+    fig.suptitle(f"{res['model']}: {res['weights']}\n{m['threads']} threads, {len(m['prompts'])} packaged calibration "
+                 f"prompts (chat template) x {m['rounds']} rounds, {m['decode_tokens']} greedy tokens, prefill "
+                 f"{m['prefill_tokens']} tokens; load avg {res['machine']['load_before']['loadavg_1_5_15'][0]}"
+                 f"-{res['machine']['load_after']['loadavg_1_5_15'][0]}", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(res: dict, out_dir: str | Path, stem: str) -> tuple[Path, Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    j = out_dir / f"{stem}.json"
+    j.write_text(json.dumps(res, indent=1) + "\n")
+    return j, figure(res, out_dir / f"{stem}.png")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--memory-probe":
+        _memory_probe(sys.argv[2])
+    else:
+        sys.exit("usage: river bench (this module's entry point is only the memory probe)")
