@@ -523,6 +523,103 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
         typer.echo("")
 
 
+# -- bench ---------------------------------------------------------------------------------------------
+
+@_command(epilog="Examples: river bench   (the default SmolLM2-135M river GGUF)\n\n"
+                 "river bench qwen2.5-coder-0.5b --rounds 3 --out bench/results\n\n"
+                 "river bench model.river.gguf --quick")
+def bench(
+    model: Annotated[Optional[str], typer.Argument(
+        metavar="MODEL", show_default=False,
+        help="A river GGUF, or a model name from `river models` (its calibrated river GGUF is built once into "
+             "the cache). Default: the SmolLM2-135M-Instruct river GGUF.")] = None,
+    threads: Annotated[int, typer.Option("--threads", "-t", min=1, help="CPU threads (decode and prefill).")] = 2,
+    tokens: Annotated[Optional[int], typer.Option(
+        "--tokens", "-n", min=2, show_default="48; 12 with --quick", help="Greedy decode tokens per prompt.")] = None,
+    rounds: Annotated[Optional[int], typer.Option(
+        "--rounds", min=1, show_default="3; 1 with --quick",
+        help="Rounds; each runs every configuration on every prompt, alternating.")] = None,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="A smoke run: one prompt, one round, few tokens, no memory probes (numbers are noisy).")] = False,
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", file_okay=False, help="Folder for bench_<model>.json and .png.")] = Path("."),
+    cache_dir: CacheDir = None,
+):
+    """Decode and prefill speed of the backbone, the river and plain quantization, measured alternately in one run.
+
+    Configurations: backbone (river off), the backbone as a plain file, river at the calibrated thresholds, \
+all-river, plain Q8_0 and Q4_0 (written once next to the river GGUF), and a forced-exit sweep drawn against \
+the ideal line. Prints a table with ratios to the backbone, mean backbone depth, the share of the step \
+spent deciding exits and peak memory; writes the table as JSON and a PNG.
+    """
+    from river_edge import bench as B
+
+    kw = dict(B.QUICK) if quick else {}
+    if tokens is not None:
+        kw["tokens"] = tokens
+    if rounds is not None:
+        kw["rounds"] = rounds
+    with _cache(cache_dir):
+        with Bars() as bars:
+            path = B.resolve_river(model, bars)
+            res = B.run(path, threads=threads, progress=bars, **kw)
+    typer.echo(B.format_table(res))
+    j, png = B.write(res, out, f"bench_{res['model']}")
+    typer.echo(f"\nwrote {j}\nwrote {png}")
+
+
+# -- eval ----------------------------------------------------------------------------------------------
+
+Task = Enum("Task", {t: t for t in ("gsm8k", "math", "humaneval")}, type=str)  # evaluate.TASKS
+
+
+@_command("eval", epilog="Examples: river eval --task gsm8k --limit 20\n\n"
+                         "river eval model.river.gguf --task humaneval --configs backbone,river,exact,q4_0,q8_0")
+def eval_(
+    model: ModelArg = None,
+    task: Annotated[Task, typer.Option("--task", case_sensitive=False, show_default=False,
+                                       help="gsm8k (test_dev), math (MATH-500 dev) or humaneval.")] = ...,
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", min=1, show_default="all; humaneval: 80 (problems 0-79)", help="The first N problems.")] = None,
+    configs: Annotated[Optional[str], typer.Option(
+        "--configs", show_default="backbone,river,q4_0",
+        help="Comma list: backbone, river (the GGUF's thresholds), tau=X, exact, gated, fast, or a plain "
+             "quantization type (q4_0, q8_0, ...; of the backbone, cached).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        "--max-tokens", "-n", min=1, show_default="gsm8k 384, math 768, humaneval 512",
+        help="Most tokens per answer.")] = None,
+    threads: Threads = None,
+    data_dir: Annotated[Optional[Path], typer.Option(
+        "--data-dir", envvar="RIVER_EDGE_DATA", show_default="../shared/data beside the repository",
+        help="Folder with gsm8k/test_dev.jsonl and math500/dev.jsonl.")] = None,
+    results: Annotated[Optional[Path], typer.Option(
+        "--results", show_default="river-eval/<model>.<task>.jsonl",
+        help="Per-problem results (JSON lines, appended: a rerun skips finished problems); the summary goes "
+             "beside it as .json.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start over: discard earlier results in that file.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.5, help="HumanEval: seconds per program.")] = 10.0,
+    cache_dir: CacheDir = None,
+):
+    """Task accuracy of the backbone, the river and plain quantization, greedy, side by side.
+
+    Every problem is answered by each configuration in turn (fixed prompts through the GGUF's chat \
+template), so decode speeds are measured in the same run. Prints accuracy, decode tok/s (and its ratio \
+to the backbone) and mean backbone depth; writes the per-problem JSON lines and a summary JSON.
+    """
+    from river_edge import evaluate as E
+
+    cfgs = [c for c in configs.split(",")] if configs else None
+    with _cache(cache_dir):
+        with Bars() as bars:
+            path = _model_path(model, bars)
+            summary = E.run(path, task.value, limit=limit, configs=cfgs, max_tokens=max_tokens, threads=threads,
+                            data=data_dir, results=results, fresh=fresh, timeout=timeout, progress=bars)
+    out = Path(summary["results"]).with_suffix(".json")
+    out.write_text(json.dumps(_jsonable(summary), indent=1) + "\n")
+    typer.echo(E.format_table(summary))
+    typer.echo(f"\nresults {summary['results']}\nsummary {out}")
+
+
 @_command(epilog="Example: river demo   (or: make demo)")
 def demo(cache_dir: CacheDir = None):
     """Build the default river GGUF (SmolLM2-135M-Instruct) once into the cache and show its calibration."""

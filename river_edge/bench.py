@@ -338,6 +338,12 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
                          "installed?)")
     thresholds = models["river"].thresholds
 
+    say("warming up", 0, len(cfgs))
+    for i, c in enumerate(cfgs):  # untimed: first graph allocations and page touches
+        _decode(models[c.file], c, chats[0], 2)
+        _prefill(models[c.file], c, pre)
+        say("warming up", i + 1, len(cfgs))
+
     dec = {c.name: [] for c in cfgs}   # per (round, prompt), same order in every configuration
     pf = {c.name: [] for c in cfgs}
     total = rounds * (len(chats) + 1) * len(cfgs)
