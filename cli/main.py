@@ -609,6 +609,11 @@ to the backbone) and mean backbone depth; writes the per-problem JSON lines and 
     from river_edge import evaluate as E
 
     cfgs = [c for c in configs.split(",")] if configs else None
+    if cfgs is not None:
+        try:
+            E.check_configs(cfgs, has_river=True)  # the names; whether the model has a river comes later
+        except RiverError as e:
+            raise typer.BadParameter(str(e), param_hint="'--configs'") from None
     with _cache(cache_dir):
         with Bars() as bars:
             path = _model_path(model, bars)

