@@ -1,0 +1,120 @@
+"""The benchmark engine (river_edge.bench) and `river bench`, end to end on the tiny llama river GGUF.
+
+Shapes and sanity only: no timing assertions (the speed targets live in the benchmark's output).
+One thread, one round, a few tokens: the tiny model decodes in well under a millisecond per token.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from river_edge import bench as B
+from river_edge import zoo
+from river_edge.cli.main import app
+
+SHORT = ["What is 2 plus 2?", "Write a function."]
+MAIN = ("backbone", "plain-f16", "river", "all-river", "q8_0", "q4_0")
+
+
+@pytest.fixture
+def river_copy(tiny_llama, tmp_path):
+    """The fixture is read-only and the bench writes its plain files next to the river GGUF."""
+    dst = tmp_path / "tiny.river.gguf"
+    shutil.copy(tiny_llama, dst)
+    return dst
+
+
+def test_sweep_layers():
+    assert B.sweep_layers(30) == [0, 7, 15, 22, 29]
+    assert B.sweep_layers(24) == [0, 6, 12, 18, 23]
+    assert B.sweep_layers(4) == [0, 1, 2, 3]
+
+
+def test_packaged_prompts_mix_sources():
+    p = B.packaged_prompts(4)
+    assert len(p) == 4 and len(set(p)) == 4
+    assert any("def " in x or "function" in x.lower() for x in p)  # the code prompts are in the mix
+
+
+def test_engine_end_to_end(river_copy, tmp_path):
+    res = B.run(river_copy, threads=1, tokens=3, rounds=1, prompts=SHORT, prefill_tokens=40, prefill_reps=1)
+    L = res["n_layer"]
+    assert L == 4
+    assert set(MAIN) <= set(res["configs"])
+    assert [s["exit"] for s in res["sweep"]] == B.sweep_layers(L)  # sweep points ordered
+    assert [s["backbone_layers"] for s in res["sweep"]] == [e + 1 for e in B.sweep_layers(L)]
+    for name, r in res["configs"].items():
+        for k in ("decode_tps", "decode_ratio", "prefill_tps", "prefill_ratio", "decode_ms_per_token"):
+            assert r[k] > 0 and math.isfinite(r[k]), (name, k)
+        assert r["samples"] == len(SHORT)
+        if r["river_on"]:
+            assert 0 <= r["mean_depth"] <= L
+            assert sum(r["exit_histogram"]) == len(SHORT) * 3  # every decode ubatch counted once
+            assert 0 <= r["decision_share"] < 1
+    assert res["configs"]["backbone"]["decode_ratio"] == 1.0
+    assert res["configs"]["all-river"]["mean_depth"] == 0
+    # the tiny river GGUF is uncalibrated (thresholds +inf): the rule never exits
+    assert res["configs"]["river"]["mean_depth"] == L
+    for s in res["sweep"]:  # a forced exit after layer e runs e + 1 backbone layers
+        assert s["mean_depth"] == s["backbone_layers"]
+        assert s["ratio_to_ideal"] > 0 and s["ideal_ms_per_token"] > 0
+    for name in MAIN:
+        mem = res["configs"][name]["memory"]
+        assert "error" not in mem, mem
+        assert mem["peak_mib"] >= mem["after_load_mib"] >= mem["baseline_mib"] > 0
+    assert set(res["targets"]) == {"sweep_within_5pct_of_ideal", "decision_share", "prefill_river_vs_backbone"}
+    assert all(isinstance(t["met"], bool) for t in res["targets"].values())
+    assert res["method"]["threads"] == 1 and res["method"]["prompts"] == SHORT
+    assert len(res["machine"]["load_before"]["loadavg_1_5_15"]) == 3
+    # the plain files sit next to the river GGUF and are reused
+    for f in ("tiny.backbone.gguf", "tiny.q8_0.gguf", "tiny.q4_0.gguf"):
+        assert (river_copy.parent / f).is_file()
+
+    j, png = B.write(res, tmp_path / "out", "runtime_tiny")
+    data = json.loads(j.read_text())  # strict JSON: no Infinity/NaN tokens
+    assert data["configs"]["river"]["decode_tps"] == res["configs"]["river"]["decode_tps"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = B.format_table(res)
+    assert "all-river" in table and "exit" in table and "target" in table
+
+
+def test_engine_rejects_a_base_gguf(tiny_llama_base, tmp_path):
+    src = tmp_path / "base.gguf"
+    shutil.copy(tiny_llama_base, src)
+    with pytest.raises(Exception, match="river"):
+        B.run(src, threads=1, tokens=2, rounds=1, prompts=SHORT[:1], memory=False)
+
+
+@pytest.fixture
+def runner(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIVER_EDGE_CACHE", str(tmp_path / "cache"))
+
+    def no_download(name, progress=None):
+        raise AssertionError(f"test tried to download {name}")
+    monkeypatch.setattr(zoo, "prepare", no_download)
+    return CliRunner()
+
+
+def test_cli_bench(runner, river_copy, tmp_path):
+    out = tmp_path / "results"
+    r = runner.invoke(app, ["bench", str(river_copy), "--quick", "--threads", "1", "--tokens", "3", "--out", str(out)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.exit_code == 0, r.output
+    for k in ("backbone", "all-river", "q4_0", "exit@3", "ideal"):
+        assert k in r.stdout
+    data = json.loads((out / "bench_tiny.json").read_text())
+    assert data["method"]["decode_tokens"] == 3 and data["method"]["rounds"] == 1
+    assert (out / "bench_tiny.png").is_file()
+
+
+def test_cli_bench_errors(runner, tiny_llama_base, tmp_path):
+    r = runner.invoke(app, ["bench", str(tmp_path / "missing.gguf")])
+    assert r.exit_code == 1 and "river: error:" in r.stderr
+    r = runner.invoke(app, ["bench", str(tiny_llama_base), "--quick"])
+    assert r.exit_code == 1 and "river" in r.stderr
+    r = runner.invoke(app, ["bench", "--threads", "0"])
+    assert r.exit_code == 2
