@@ -1,0 +1,102 @@
+"""`river chat`: the loop of river_edge/chat.py with scripted input, and the command in-process."""
+from __future__ import annotations
+
+import io
+
+import pytest
+from typer.testing import CliRunner
+
+from river_edge import zoo
+from river_edge.chat import Chat, histogram_summary, legend, load
+from river_edge.cli.main import app
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    return load(tiny_llama, n_ctx=512, tau=0.5)
+
+
+def run(*args, code=0, input=None):
+    r = CliRunner().invoke(app, [str(a) for a in args], input=input)
+    assert r.exception is None or isinstance(r.exception, SystemExit), f"uncaught {r.exception!r}\n{r.output}"
+    assert "Traceback" not in r.output
+    assert r.exit_code == code, f"exit {r.exit_code}, wanted {code}\n{r.output}"
+    return r
+
+
+def test_scripted_session(llm):
+    out = io.StringIO()
+    chat = Chat(llm, out=out, max_tokens=6, temperature=0.0, system="Be brief.")
+    script = io.StringIO("/stats\nhello there\n/stats\nsecond question\n/reset\n/stats\n\nthird\n")
+    assert chat.run(script) == 0  # ends at EOF
+    text = out.getvalue()
+    assert text.startswith("no answers yet\n")
+    assert text.count("tokens, ") >= 4 and "backbone depth" in text and "/4]" in text
+    assert "1 answers" in text and "exits:" in text and "(history cleared)" in text
+    # after /reset only the third turn is remembered
+    assert [m["role"] for m in chat.history] == ["user", "assistant"] and chat.history[0]["content"] == "third"
+    assert chat.messages()[0] == {"role": "system", "content": "Be brief."}
+    # the streamed text is the assistant's answer, printed before its statistics line
+    answer = chat.history[1]["content"]
+    assert answer and text.rstrip().endswith("]") and answer in text
+
+
+def test_quit_and_unknown_command(llm):
+    out = io.StringIO()
+    chat = Chat(llm, out=out, max_tokens=4)
+    assert chat.run(["/bogus", "/quit", "never asked"]) == 0
+    assert "unknown command /bogus" in out.getvalue() and not chat.history
+
+
+def test_ctrl_c_ends_cleanly(llm):
+    def lines():
+        yield "hi"
+        raise KeyboardInterrupt
+    out = io.StringIO()
+    assert Chat(llm, out=out, max_tokens=3).run(lines()) == 0
+
+
+def test_color_mode_emits_ansi(llm):
+    out = io.StringIO()
+    chat = Chat(llm, out=out, max_tokens=8, temperature=0.0, color=True)
+    turn = chat.once("colour me")
+    assert "\x1b[" in out.getvalue() and turn.tokens > 0
+    assert "\x1b[" in legend() and "full backbone" in legend()
+
+
+def test_tau_and_no_river_applied(tiny_llama):
+    a = load(tiny_llama, n_ctx=256, tau=0.25)
+    assert a.thresholds == pytest.approx([0.25] * a.n_layer) and a.river_enabled
+    b = load(tiny_llama, n_ctx=256, river=False)
+    assert not b.river_enabled
+    out = io.StringIO()
+    turn = Chat(b, out=out, max_tokens=4).once("hi")
+    assert turn.depth == b.n_layer and "(river off)" in out.getvalue()
+
+
+def test_histogram_summary():
+    assert histogram_summary([0, 0, 0, 0, 0], 4) == "exits: none yet"
+    s = histogram_summary([1, 0, 3, 0, 6], 4)
+    assert s.startswith("exits: full 60%, after 1 30%, all-river 10%")
+
+
+def test_cli_prompt_one_turn(tiny_llama):
+    r = run("chat", tiny_llama, "--prompt", "hello", "-n", "5", "--tau", "0.5", "--temp", "0")
+    assert "tokens," in r.stdout and "tok/s, backbone depth" in r.stdout
+
+
+def test_cli_pipe_and_color(tiny_llama):
+    r = run("chat", tiny_llama, "-n", "4", "--tau", "0.5", "--color-depth", "--system", "x", input="hi\n/stats\n")
+    assert "\x1b[" in r.stdout and "1 answers" in r.stdout
+    r = run("chat", tiny_llama, "-n", "4", "--no-river", input="hi\n")
+    assert "(river off)" in r.stdout
+
+
+def test_cli_errors(tiny_llama, tiny_llama_base, tmp_path):
+    r = run("chat", tmp_path / "missing.gguf", "-p", "x", code=1)
+    assert "river: error:" in r.stderr and "no such file" in r.stderr
+    run("chat", tiny_llama, "--tau", "2", code=2)
+    run("chat", tiny_llama, "--tau", "0.5", "--no-river", code=2)
+    run("chat", tiny_llama, "--mode", "nope", code=2)
+    r = run("chat", tiny_llama_base, "--tau", "0.5", "-p", "x", code=1)
+    assert "river" in r.stderr and "Traceback" not in r.stderr

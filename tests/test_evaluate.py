@@ -1,0 +1,191 @@
+"""river_edge.evaluate: answer extraction, MATH normalisation, the HumanEval sandbox, and `river eval` end to
+end on the tiny model (gibberish answers: the machinery is tested, not accuracy)."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from river_edge import evaluate as E
+from river_edge.cli.main import app
+from river_edge.format import RiverError
+
+GSM = [
+    {"question": "Janet has 3 apples and buys 4 more. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+    {"question": "A shirt costs $1,200. What is it in dollars?", "answer": "It costs 1200.\n#### 1,200"},
+    {"question": "What is 5 - 8?", "answer": "#### -3"},
+]
+MATH = [
+    {"problem": "Convert $(0,3)$ to polar.", "solution": "so $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$",
+     "answer": "\\left( 3, \\frac{\\pi}{2} \\right)", "unique_id": "test/precalculus/807.json"},
+    {"problem": "What is 1/2 + 1/4?", "solution": "$\\boxed{\\frac34}$", "answer": "\\frac{3}{4}",
+     "unique_id": "test/algebra/1.json"},
+]
+
+
+@pytest.fixture
+def data(tmp_path):
+    for sub, name, rows in (("gsm8k", "test_dev.jsonl", GSM), ("math500", "dev.jsonl", MATH)):
+        (tmp_path / "data" / sub).mkdir(parents=True)
+        (tmp_path / "data" / sub / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path / "data"
+
+
+def run(*args, code=0):
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    assert r.exception is None or isinstance(r.exception, SystemExit), f"uncaught {r.exception!r}\n{r.output}"
+    assert "Traceback" not in r.output
+    assert r.exit_code == code, f"exit {r.exit_code}, wanted {code}\n{r.output}"
+    return r
+
+
+# -- extraction ----------------------------------------------------------------------------------------
+
+def test_gsm8k_extraction():
+    assert E.gsm8k_reference(GSM[0]["answer"]) == "7"
+    assert E.gsm8k_reference(GSM[1]["answer"]) == "1200"
+    assert E.gsm8k_reference(GSM[2]["answer"]) == "-3"
+    assert E.last_number("She sells 9 eggs at $2 each, so she makes $18 every day.") == "18"
+    assert E.last_number("9 * 2 = 18\n#### 18\nThat is 3 more than 15.") == "18"  # '####' wins
+    assert E.last_number("The total is $1,234.50.") == "1234.5"
+    assert E.last_number("It is 18.00 dollars") == "18"
+    assert E.last_number("no digits here") is None
+    assert E.gsm8k_correct("so the answer is 7.", "7") == (True, "7")
+    assert E.gsm8k_correct("so the answer is 8.", "7")[0] is False
+
+
+@pytest.mark.parametrize("got, ref", [
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("(3,\\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("\\dfrac{3}{4}", "\\frac{3}{4}"),
+    ("\\frac34", "\\frac{3}{4}"),
+    ("3/4", "\\frac{3}{4}"),
+    ("0.5", "\\frac{1}{2}"),
+    ("10\\text{ cm}", "10"),
+    ("90^\\circ", "90"),
+    ("\\$18.00", "18"),
+    ("1,000", "1000"),
+    ("x = 5", "5"),
+    ("\\sqrt2", "\\sqrt{2}"),
+    ("2.50", "2.5"),
+    ("5\\%", "5"),
+    ("\\text{(C)}", "\\text{(C)}"),
+])
+def test_math_normalisation_equal(got, ref):
+    assert E.normalize_math(got) == E.normalize_math(ref)
+
+
+@pytest.mark.parametrize("got, ref", [("\\frac{3}{5}", "\\frac{3}{4}"), ("(3,\\pi)", "(3,\\frac{\\pi}{2})"),
+                                      ("12", "120"), ("\\text{(B)}", "\\text{(C)}")])
+def test_math_normalisation_different(got, ref):
+    assert E.normalize_math(got) != E.normalize_math(ref)
+
+
+def test_last_boxed():
+    assert E.last_boxed(MATH[0]["solution"]) == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert E.last_boxed("first \\boxed{1}, then \\boxed{\\frac{a}{b}} end") == "\\frac{a}{b}"
+    assert E.last_boxed("\\fbox{7}") == "7"
+    assert E.last_boxed("\\boxed 5$") == "5"
+    assert E.last_boxed("no box") is None and E.last_boxed("\\boxed{unclosed") is None
+    assert E.math_correct("So $\\boxed{\\dfrac{3}{4}}$.", "\\frac{3}{4}") == (True, "\\dfrac{3}{4}")
+    assert E.math_correct("The answer is 3/4", "\\frac{3}{4}") == (False, None)  # no box, no credit
+
+
+# -- HumanEval sandbox -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def he0():
+    return E.load_problems("humaneval")[0]
+
+
+def test_humaneval_problems(he0):
+    probs = E.load_problems("humaneval")
+    assert len(probs) == 80 and probs[0].id == "HumanEval/0" and probs[79].id == "HumanEval/79"
+    assert len(E.load_problems("humaneval", limit=3)) == 3
+    assert he0.extra["entry_point"] == "has_close_elements" and "```python" in he0.prompt
+
+
+def test_sandbox_pass_and_fail(he0):
+    right = ("```python\nfrom typing import List\n\ndef has_close_elements(numbers: List[float], threshold: float) "
+             "-> bool:\n    return any(abs(a - b) < threshold for i, a in enumerate(numbers)\n"
+             "               for j, b in enumerate(numbers) if i != j)\n```")
+    wrong = "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"
+    body_only = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
+    assert E.humaneval_correct(right, he0) == (True, "passed")
+    ok, why = E.humaneval_correct(wrong, he0)
+    assert not ok and why.startswith("failed") and "AssertionError" in why
+    assert E.humaneval_correct(body_only, he0)[0]  # a continuation of the prompt
+    assert not E.humaneval_correct("gibberish ((", he0)[0]
+
+
+def test_sandbox_kills_infinite_loop():
+    t = time.perf_counter()
+    assert E.run_sandboxed("while True:\n    pass\n", timeout=1.0) == (False, "timed out")
+    assert time.perf_counter() - t < 5
+
+
+def test_sandbox_limits_and_guard(tmp_path):
+    victim = tmp_path / "keep.txt"
+    victim.write_text("x")
+    ok, why = E.run_sandboxed(f"import os\nos.remove({str(victim)!r})\n", timeout=5)
+    assert not ok and victim.exists()
+    ok, why = E.run_sandboxed("x = bytearray(4 << 30)\n", timeout=5, mem_mb=256)
+    assert not ok and "MemoryError" in why
+
+
+# -- the harness end to end ----------------------------------------------------------------------------
+
+def test_eval_runs_and_resumes(tiny_llama, data, tmp_path, monkeypatch):
+    monkeypatch.setenv("RIVER_EDGE_CACHE", str(tmp_path / "cache"))
+    res = tmp_path / "out" / "r.jsonl"
+    args = ("eval", tiny_llama, "--task", "gsm8k", "--limit", "2", "-n", "6", "--data-dir", data,
+            "--results", res, "--configs", "backbone,river,tau=0.5,q4_0")
+    r = run(*args)
+    assert "backbone" in r.stdout and "q4_0" in r.stdout and "decode tok/s" in r.stdout
+    rows = [json.loads(x) for x in res.read_text().splitlines()]
+    assert len(rows) == 8 and {x["config"] for x in rows} == {"backbone", "river", "tau=0.5", "q4_0"}
+    summary = json.loads(res.with_suffix(".json").read_text())
+    assert summary["max_tokens"] == 6 and summary["problems"] == 2 and summary["greedy"]
+    c = summary["configs"]
+    assert c["backbone"]["mean_depth"] == 4 and c["backbone"]["speedup"] == pytest.approx(1.0)
+    assert c["tau=0.5"]["mean_depth"] < 4 and 0 <= c["river"]["accuracy"] <= 1
+    assert sum(c["tau=0.5"]["exit_histogram"]) > 0
+    # a rerun with one more problem answers only that one
+    run(*args[:5], "3", *args[6:])
+    rows2 = [json.loads(x) for x in res.read_text().splitlines()]
+    assert len(rows2) == 12 and rows2[:8] == rows
+    assert {x["id"] for x in rows2[8:]} == {"gsm8k/2"}
+    # other settings in the same file: refused; --fresh starts over
+    r = run(*args[:7], "7", *args[8:], code=1)
+    assert "other settings" in r.stderr
+    run(*args, "--fresh")
+    assert len(res.read_text().splitlines()) == 8
+
+
+def test_eval_math_api(tiny_llama, data, tmp_path):
+    s = E.run(tiny_llama, "math", limit=1, configs=["river"], max_tokens=4, data=data,
+              results=tmp_path / "m.jsonl")
+    assert s["configs"]["river"]["n"] == 1 and s["task"] == "math"
+    assert "math on" in E.format_table(s)
+
+
+def test_eval_errors(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
+    run("eval", tiny_llama, "--task", "nope", code=2)
+    run("eval", tiny_llama, code=2)  # --task is required
+    run("eval", tiny_llama, "--task", "gsm8k", "--configs", "warp", code=2)
+    r = run("eval", tiny_llama, "--task", "gsm8k", "--data-dir", tmp_path / "nowhere", code=1)
+    assert "data folder not found" in r.stderr
+    r = run("eval", tmp_path / "none.gguf", "--task", "gsm8k", "--data-dir", data, code=1)
+    assert "no such file" in r.stderr
+    r = run("eval", tiny_llama_base, "--task", "gsm8k", "--configs", "river", "--data-dir", data,
+            "--results", tmp_path / "x.jsonl", code=1)
+    assert "needs a river GGUF" in r.stderr
+    monkeypatch.setenv("RIVER_EDGE_DATA", str(tmp_path / "also-nowhere"))
+    with pytest.raises(RiverError, match="RIVER_EDGE_DATA"):
+        E.data_dir()
+    monkeypatch.delenv("RIVER_EDGE_DATA")
+    (tmp_path / "empty" / "gsm8k").mkdir(parents=True)
+    with pytest.raises(RiverError, match="test_dev.jsonl"):
+        E.load_problems("gsm8k", data=tmp_path / "empty")
