@@ -625,10 +625,23 @@ to the backbone) and mean backbone depth; writes the per-problem JSON lines and 
     typer.echo(f"\nresults {summary['results']}\nsummary {out}")
 
 
+DEMO_PROMPT = "In two sentences: why do small language models run well on laptops?"
+
+
 @_command(epilog="Example: river demo   (or: make demo)")
-def demo(cache_dir: CacheDir = None):
-    """Build the default river GGUF (SmolLM2-135M-Instruct) once into the cache and show its calibration."""
+def demo(
+    full: Annotated[bool, typer.Option(
+        "--full", help="The full benchmark (`river bench`; minutes) instead of its quick form (`river bench --quick`).")] = False,
+    threads: Threads = None,
+    cache_dir: CacheDir = None,
+):
+    """The default river GGUF (SmolLM2-135M-Instruct, built once into the cache), one chat answer with its \
+speed and depth, and the benchmark table (backbone vs river vs plain quantization)."""
+    import sys
+
+    from river_edge import bench as B
     from river_edge.calibrate import format_summary
+    from river_edge.chat import Chat, load
     from river_edge.defaults import default_river, stored_summary
 
     with _cache(cache_dir):
@@ -641,7 +654,19 @@ def demo(cache_dir: CacheDir = None):
         for ext in ("png", "json"):
             if Path(f"{path}.calibration.{ext}").is_file():
                 typer.echo(f"report {path}.calibration.{ext}")
-    typer.echo("`river chat` and `river bench` arrive with the patched llama.cpp runtime.")
+        typer.echo(f"\n$ river chat --prompt {DEMO_PROMPT!r} --temp 0")
+        llm = load(path, threads=threads, n_ctx=1024)
+        try:
+            Chat(llm, out=sys.stdout, max_tokens=96, temperature=0.0).once(DEMO_PROMPT)
+        finally:
+            llm.close()
+        typer.echo("\n$ river bench" + ("" if full else " --quick") + "   (plain quantization made once, cached)")
+        kw = {} if full else dict(B.QUICK)
+        if threads is not None:
+            kw["threads"] = threads
+        with Bars() as bars:
+            res = B.run(path, progress=bars, **kw)
+        typer.echo(B.format_table(res))
 
 
 if __name__ == "__main__":  # python -m river_edge.cli.main
