@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
+from river_edge import format as F
 from river_edge.gguf_tools.build import _kv, _Tensor, _write
 from river_edge.gguf_tools.reader import ggml_shape, open_gguf
 
@@ -41,4 +42,16 @@ def f32_tensor(shape: tuple[int, ...], value: float = 0.0):
     return shape, GGMLQuantizationType.F32, np.full(tuple(reversed(shape)), value, np.float32)
 
 
-__all__ = ["DROP", "GGUFValueType", "f32_tensor", "rewrite"]
+def swapped(src: Path, dst: Path, layers) -> Path:
+    """A plain GGUF whose given layers carry their river weights in the backbone's place."""
+    r = open_gguf(src)
+    by = {t.name: t for t in r.tensors}
+    new = {}
+    for i in layers:
+        for w in F.LAYER_WEIGHTS:
+            t = by[F.river_tensor(i, w)]
+            new[F.backbone_tensor(i, w)] = (ggml_shape(t), t.tensor_type, t.data)
+    return rewrite(src, dst, tensors=new)
+
+
+__all__ = ["DROP", "GGUFValueType", "f32_tensor", "rewrite", "swapped"]

@@ -7,13 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.gguf_tools.convert import plain
-from river_edge.gguf_tools.reader import ggml_shape, open_gguf
 from river_edge.reference import Policy, RiverModel
 
-from gguf_edit import rewrite
+from gguf_edit import swapped
 
 INF = math.inf
 PROMPT = [5, 77, 120, 3, 64, 200, 18, 41, 99, 7]
@@ -39,18 +37,6 @@ def test_infinite_thresholds_are_the_backbone(model):
     assert st.exit_layer == L - 1
     assert torch.equal(st.logits[0], run(model, Policy.backbone()))
     assert not torch.isnan(st.sims[:, : L - 1]).any()
-
-
-def swapped(src, dst, layers):
-    """A plain GGUF whose given layers carry their river weights in the backbone's place."""
-    r = open_gguf(src)
-    by = {t.name: t for t in r.tensors}
-    new = {}
-    for i in layers:
-        for w in F.LAYER_WEIGHTS:
-            t = by[F.river_tensor(i, w)]
-            new[F.backbone_tensor(i, w)] = (ggml_shape(t), t.tensor_type, t.data)
-    return rewrite(src, dst, tensors=new)
 
 
 @pytest.mark.parametrize("e", [0, 1, 2])
