@@ -146,6 +146,7 @@ class Spec:
         self.st = Stats(mode=self._mode)
         self._A, self._R = 0.0, 0.0       # decayed accepted / rejected counts
         self._zero_run = 0
+        self.fixed_k: int | None = None   # tests and benchmarks: draft exactly this many (no cost model)
         if mode is not None:
             self.mode = mode
 
@@ -338,6 +339,8 @@ class Spec:
                         k, self._zero_run = 1, 0
                 else:
                     self._zero_run = 0
+                if self.fixed_k is not None:
+                    k = self.fixed_k
                 k = max(0, min(k, n_ctx - n - 1))
                 # -- draft on the river, writing cells n..n+k-1
                 drafts, qs = [], []

@@ -1,0 +1,214 @@
+"""River-Spec decoding modes (river_edge/spec.py): exactness of the exact mode (greedy token for token,
+the KV cache, sampling in distribution), the gated mode's extremes, and the mode interface."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from river_edge.format import RiverError
+from river_edge.runtime import RiverLlama
+from river_edge.spec import processed_probs
+
+PROMPTS = [[1, 5, 9, 200], [1, 17], [1, 3, 3, 3, 3, 3, 7], [1, 42, 43, 44, 45, 46, 47, 48]]
+N = 48
+
+
+def _llm(path, mode, **kw):
+    return RiverLlama(str(path), mode=mode, n_ctx=256, seed=0, **kw)
+
+
+def _gen(llm, prompt, n=N, **kw):
+    kw.setdefault("temp", 0.0)
+    return [t for _, t in zip(range(n), llm.generate(prompt, **kw))]
+
+
+@pytest.fixture(params=["tiny_llama", "tiny_qwen2"])
+def model(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.mark.parametrize("k", [None, 1, 3, 8])
+def test_exact_greedy_equals_backbone_low_level(model, k):
+    ref, ex = _llm(model, "backbone"), _llm(model, "exact")
+    ex._spec.fixed_k = k
+    for p in PROMPTS:
+        assert _gen(ex, p) == _gen(ref, p)
+    s = ex.stats()
+    assert s["mode"] == "exact" and s["tokens"] == N * len(PROMPTS) and s["spec_off"] is None
+    if k:
+        assert s["drafted"] > 0 and 0 <= s["acceptance_rate"] <= 1 and s["mean_draft_len"] > 0
+
+
+def test_exact_equals_backbone_completion_chat_stream(model):
+    ref, ex = _llm(model, "backbone"), _llm(model, "exact")
+    ex._spec.fixed_k = 3
+    for text in ["hello world", "a b c d", "the"]:
+        a = ref.create_completion(text, max_tokens=N, temperature=0)
+        b = ex.create_completion(text, max_tokens=N, temperature=0)
+        assert a["choices"][0]["text"] == b["choices"][0]["text"]
+        assert a["usage"] == b["usage"]
+        sa = "".join(c["choices"][0]["text"] for c in ref.create_completion(text, max_tokens=N, temperature=0, stream=True))
+        sb = "".join(c["choices"][0]["text"] for c in ex.create_completion(text, max_tokens=N, temperature=0, stream=True))
+        assert sa == sb  # (llama-cpp-python streams multi-byte junk of random tiny models differently)
+    msgs = [{"role": "user", "content": "say something"}]
+    ca = ref.create_chat_completion(msgs, max_tokens=N, temperature=0)
+    cb = ex.create_chat_completion(msgs, max_tokens=N, temperature=0)
+    assert ca["choices"][0]["message"] == cb["choices"][0]["message"]
+    sa, sb = ("".join(c["choices"][0]["delta"].get("content") or ""
+                      for c in m.create_chat_completion(msgs, max_tokens=N, temperature=0, stream=True))
+              for m in (ref, ex))
+    assert sa == sb
+
+
+def _last_logits(llm):
+    return np.array(np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm._n_vocab,)))
+
+
+def test_exact_leaves_the_backbone_cache(model):
+    """After exact decoding the cache holds backbone K/V only: continuing on the backbone gives the
+    logits a backbone-only run gives, up to what batching alone changes (ggml's batched matmuls round
+    differently from one-token ones: measured here as a one-batch backbone prefill of the same text),
+    and far from what river-written cells give."""
+    p = PROMPTS[0]
+    ref = _llm(model, "backbone")
+    seq = p + _gen(ref, p)
+
+    def cont(mode, fixed_k=None, prefill=False):
+        llm = _llm(model, mode)
+        llm._spec.fixed_k = fixed_k
+        if prefill:
+            llm.eval(seq[:-1])
+        else:
+            assert p + _gen(llm, p) == seq or mode == "fast"
+            assert list(llm.input_ids[: len(seq) - 1]) == seq[:-1] or mode == "fast"
+            llm.n_tokens = len(p) - 1 if mode == "fast" else len(seq) - 1
+            if mode == "fast":
+                llm.mode = "fast"
+                llm.eval(seq[len(p) - 1:-1])   # the river writes the generated part
+        llm.mode = "backbone"
+        llm.n_tokens = len(seq) - 1
+        llm.eval([seq[-1], 7, 11])
+        return _last_logits(llm)
+
+    a = cont("backbone")
+    exact = np.abs(cont("exact", 4) - a).max()
+    batching = np.abs(cont("backbone", prefill=True) - a).max()
+    river = np.abs(cont("fast") - a).max()
+    assert exact <= max(2 * batching, 1e-6), (exact, batching)
+    assert exact < 0.05 * river, (exact, river)
+
+
+def _fast_after_backbone_prefill(fast, p, **kw):
+    """All-river decoding of a prompt prefilled by the backbone (as the gated mode prefills)."""
+    fast.reset()
+    fast.mode = "backbone"
+    fast.eval(p[:-1])
+    fast.mode = "fast"
+    return _gen(fast, p, **kw)
+
+
+def test_gated_extremes(model):
+    ref, fast = _llm(model, "backbone"), _llm(model, "fast")
+    g0, ginf = _llm(model, "gated", gate=0.0), _llm(model, "gated", gate=math.inf)
+    for p in PROMPTS[:3]:
+        assert _gen(g0, p) == _gen(ref, p)
+        assert _gen(ginf, p) == _fast_after_backbone_prefill(fast, p)
+    assert g0.stats()["fallback_rate"] == 1.0 and ginf.stats()["fallback_rate"] == 0.0
+    # sampling: the gate picks whose logits llama.cpp's own sampler sees, seed for seed
+    kw = dict(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    for seed in range(3):
+        for a, b in ((g0, ref), (ginf, fast)):
+            a.set_seed(seed), b.set_seed(seed)
+            a.reset(), b.reset()
+            want = _gen(b, PROMPTS[0], n=16, **kw) if b is ref else _fast_after_backbone_prefill(b, PROMPTS[0], n=16, **kw)
+            assert _gen(a, PROMPTS[0], n=16, **kw) == want
+
+
+def test_modes_and_errors(model, tiny_llama_base):
+    with pytest.raises(RiverError):
+        _llm(model, "turbo")
+    llm = _llm(model, "exact")
+    with pytest.raises(RiverError):
+        llm.mode = "nope"
+    for m, e in (("fast", -1), ("river", None), ("backbone", llm.n_layer - 1), ("exact", llm.n_layer - 1)):
+        llm.mode = m
+        assert llm.mode == m and llm.forced_exit == e
+    assert RiverLlama(str(model), n_ctx=64).mode == "river"
+    with pytest.raises(RiverError):
+        RiverLlama(str(tiny_llama_base), mode="exact", n_ctx=64)
+    assert RiverLlama(str(tiny_llama_base), n_ctx=64, mode="backbone").mode == "backbone"
+
+
+def test_exact_refuses_to_speculate_unsupported_settings(model):
+    ref, ex = _llm(model, "backbone"), _llm(model, "exact")
+    kw = dict(temp=0.0, repeat_penalty=1.3)
+    assert _gen(ex, PROMPTS[0], **kw) == _gen(ref, PROMPTS[0], **kw)
+    assert ex.stats()["spec_off"] == "repeat_penalty"
+
+
+def _chi2_quantile(df: int, q: float = 0.999) -> float:
+    z = {0.999: 3.0902, 0.99: 2.3263}[q]   # Wilson-Hilferty
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("k,sampler", [(1, dict(temp=1.0, top_k=6, top_p=1.0, min_p=0.0)),
+                                       (3, dict(temp=0.7, top_k=12, top_p=0.9, min_p=0.05))])
+def test_exact_sampling_distribution(tiny_qwen2, k, sampler):
+    """First two sampled tokens over many seeds follow the backbone's exact joint distribution (chi-square,
+    alpha 0.001; deterministic given the seeds)."""
+    ref, ex = _llm(tiny_qwen2, "backbone"), _llm(tiny_qwen2, "exact")
+    ex._spec.fixed_k = k
+    p = PROMPTS[3]
+
+    def dist(prefix):
+        ref.reset()
+        ref.eval(prefix)
+        return processed_probs(_last_logits(ref), **sampler)
+
+    p1 = dist(p)
+    joint = {}
+    for t1 in np.nonzero(p1)[0]:
+        p2 = dist(p + [int(t1)])
+        for t2 in np.nonzero(p2)[0]:
+            joint[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    n_runs = 3000
+    counts: dict = {}
+    for seed in range(n_runs):
+        ex.set_seed(seed)
+        pair = tuple(_gen(ex, p, n=2, **sampler))
+        assert pair in joint, f"sampled {pair}, impossible under the backbone's sampler"
+        counts[pair] = counts.get(pair, 0) + 1
+    s = ex.stats()
+    assert s["drafted"] > 0 and s["accepted"] < s["drafted"] + 1
+    # cells with expected count < 5 pooled into one
+    exp = {c: pr * n_runs for c, pr in joint.items()}
+    big = [c for c in exp if exp[c] >= 5]
+    obs = [counts.get(c, 0) for c in big]
+    e = [exp[c] for c in big]
+    rest_e = n_runs - sum(e)
+    if rest_e >= 5:
+        obs.append(n_runs - sum(obs))
+        e.append(rest_e)
+    chi2 = sum((o - x) ** 2 / x for o, x in zip(obs, e))
+    df = len(e) - 1
+    assert df >= 3
+    assert chi2 < _chi2_quantile(df), (chi2, df)
+    tv = 0.5 * sum(abs(counts.get(c, 0) / n_runs - pr) for c, pr in joint.items())
+    assert tv < 0.1
+
+
+@pytest.mark.slow
+def test_exact_512_tokens_smollm2():
+    from river_edge.defaults import default_river
+
+    path = default_river()
+    ref = RiverLlama(str(path), mode="backbone", n_ctx=1024, seed=0)
+    ex = RiverLlama(str(path), mode="exact", n_ctx=1024, seed=0)
+    p = ref.tokenize(b"Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+                     b"clips in May. How many clips did Natalia sell altogether in April and May?\nAnswer:")
+    a = _gen(ref, p, n=512)
+    b = _gen(ex, p, n=512)
+    assert a == b
+    assert ex.stats()["acceptance_rate"] > 0.5
