@@ -46,6 +46,7 @@ from __future__ import annotations
 import ctypes
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import llama_cpp
@@ -66,6 +67,21 @@ class CostModel:
     draft_s: float                      # one river step (1 token), Python included
     verify_s: list[float]               # verify_s[n]: backbone batch of n tokens; [0] unused
     backbone_s: float = 0.0             # one backbone step (= verify_s[1])
+    _obs: dict = field(default_factory=dict)
+
+    def observe(self, n: int, dt: float) -> None:
+        """Online update from a real cycle: n = 0 a draft step, n >= 1 a verification of n tokens. The
+        median of the last 9 observations (the start-up measurement among them): on a shared machine
+        single cycles stall for 10x their time now and then, and a mean would chase them."""
+        if n >= len(self.verify_s):
+            return
+        w = self._obs.setdefault(n, deque([self.draft_s if n == 0 else self.verify_s[n]], maxlen=9))
+        w.append(dt)
+        m = float(np.median(w))
+        if n == 0:
+            self.draft_s = m
+        else:
+            self.verify_s[n] = m
 
     def rate(self, k: int, a: float) -> float:
         e = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
@@ -361,7 +377,7 @@ class Spec:
                         if is_eog(vocab, d):
                             break
                     dt = (time.perf_counter() - t0) / len(drafts)
-                    cm.draft_s = 0.9 * cm.draft_s + 0.1 * dt
+                    cm.observe(0, dt)
                     self._force(L - 1)
                 # -- verify on the backbone: positions n..n+len(drafts), replacing the river's cells
                 self._rm(n)
@@ -392,8 +408,7 @@ class Spec:
                         break
                 dt = time.perf_counter() - t0
                 nb = len(batch)
-                if nb < len(cm.verify_s):
-                    cm.verify_s[nb] = 0.8 * cm.verify_s[nb] + 0.2 * dt
+                cm.observe(nb, dt)
                 # -- keep the backbone cells of pending + accepted drafts
                 keep = n + 1 + j
                 llm.input_ids[n:keep] = batch[: j + 1]
