@@ -212,3 +212,21 @@ def test_exact_512_tokens_smollm2():
     b = _gen(ex, p, n=512)
     assert a == b
     assert ex.stats()["acceptance_rate"] > 0.5
+
+
+def test_gate_fit_written_and_read(tiny_llama, tmp_path):
+    from river_edge.calibrate import Settings, Target
+    from river_edge.gate import calibrate_gate, fit_gate, gate_metrics
+
+    dst = tmp_path / "gated.gguf"
+    s = calibrate_gate(tiny_llama, dst, Target("kl", 0.01), Settings(n_prompts=4, decode_tokens=8))
+    assert s["fit"]["kl"] <= 0.01 and 0 <= s["fit"]["fallback_rate"] <= 1
+    assert s["test"]["random"]["kl"] >= 0
+    llm = RiverLlama(str(dst), mode="gated", n_ctx=64)
+    assert abs(llm._spec.gate - s["gate_entropy"]) < 1e-5
+    rec = {"kl": np.array([0.0, 0.1, 0.2, 0.4]), "agree": np.array([1.0, 1, 0, 0]),
+           "entropy": np.array([0.1, 0.5, 1.0, 2.0]), "margin": np.array([0.9, 0.5, 0.2, 0.1])}
+    assert fit_gate(rec, Target("kl", 0.1)) == 2.0          # mean KL 0.3 / 4
+    assert fit_gate(rec, Target("kl", 0.05)) == 1.0         # fall back on the two most uncertain
+    assert gate_metrics(rec, 1.0)["random"]["kl"] == pytest.approx(0.5 * 0.175)
+    assert fit_gate(rec, Target("kl", 1.0)) == math.inf
