@@ -9,6 +9,7 @@ what is measured and how.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="default: per model, about 5 minutes")
     ap.add_argument("--prompts", type=int, default=B.DEFAULT_PROMPTS, help="packaged prompts per round")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="re-measure only the peak memory of an existing runtime_<model>.json (and redraw)")
     a = ap.parse_args(argv)
 
     def say(what, done, total):
@@ -35,6 +38,21 @@ def main(argv=None) -> int:
 
     for model in a.model or ["smollm2-135m", "qwen2.5-coder-0.5b"]:
         path = B.resolve_river(model, say)
+        if a.memory_only:
+            j = a.out / f"runtime_{model}.json"
+            res = json.loads(j.read_text())
+            files, _ = B.prepare_files(path, say)
+            cfgs = B.configs(res["n_layer"])
+            from river_edge.tokenizer import Tokenizer
+
+            prompt = Tokenizer(path).chat(res["method"]["prompts"][0])
+            mem = B.measure_memory(files, cfgs, res["method"]["n_ctx"], res["method"]["threads"], prompt, say)
+            for k, v in mem.items():
+                res["configs"][k]["memory"] = v
+            res["method"]["memory"] = B.MEMORY_METHOD
+            print(B.format_table(res), flush=True)
+            print("wrote", *B.write(res, a.out, f"runtime_{res['model']}"), flush=True)
+            continue
         res = B.run(path, threads=a.threads, tokens=a.tokens, rounds=a.rounds or ROUNDS.get(model, 3),
                     n_prompts=a.prompts, progress=say)
         print(B.format_table(res), flush=True)

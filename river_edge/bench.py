@@ -17,7 +17,7 @@ Measured: decode tok/s (greedy, the packaged calibration prompts in the chat tem
 EOS ignored so every configuration decodes the same number of tokens; the first decode step after the
 prompt is untimed: it builds the decode graph), prefill tok/s (one ubatch of a ~200-token prompt), mean
 backbone depth (exit histogram of the decode ubatches), the share of decode time spent deciding exits
-(the runtime's own decision timer), and peak memory (ru_maxrss of a fresh subprocess per configuration
+(the runtime's own decision timer), and peak memory (VmHWM of a fresh subprocess per configuration
 after loading and decoding 16 tokens; llama.cpp maps the file with MAP_POPULATE, so a loaded model counts
 whole).
 
@@ -51,6 +51,9 @@ DEFAULT_ROUNDS = 3
 DEFAULT_PROMPTS = 3
 PREFILL_TOKENS = 200
 MEMORY_TOKENS = 16
+MEMORY_METHOD = ("VmHWM (peak RSS) of a fresh subprocess per configuration after loading the model (llama.cpp "
+                 "mmaps with MAP_POPULATE) and decoding 16 tokens; baseline_mib is the interpreter with llama_cpp "
+                 "imported; sweep points share the river configuration's file")
 QUICK = dict(tokens=12, rounds=1, n_prompts=1, prefill_reps=1, memory=False)
 
 # Targets of the runtime issue (#3, item 6)
@@ -285,19 +288,39 @@ def _memory(path: Path, c: Config, n_ctx: int, threads: int, prompt: list[int]) 
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _memory_probe(arg: str) -> None:
+def _hwm_mib() -> float:
+    """Peak RSS of this process (VmHWM). Not ru_maxrss: Linux keeps that across fork and exec, so a probe
+    started by a big parent would report the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     import resource
 
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: KiB on most, bytes on macOS
+
+
+def _memory_probe(arg: str) -> None:
     a = json.loads(arg)
-    kb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     import llama_cpp  # noqa: F401  (the library itself counts in the baseline)
 
-    base = kb()
+    base = _hwm_mib()
     m = _load(Path(a["path"]), a["n_ctx"], a["threads"])
-    loaded = kb()
+    loaded = _hwm_mib()
     _decode(m, Config(**a["config"]), a["prompt"], a["tokens"])
-    print(json.dumps({"baseline_mib": base / 1024, "after_load_mib": loaded / 1024,
-                      "peak_mib": kb() / 1024, "model_mib": (kb() - base) / 1024}))
+    peak = _hwm_mib()
+    print(json.dumps({"baseline_mib": base, "after_load_mib": loaded, "peak_mib": peak, "model_mib": peak - base}))
+
+
+def measure_memory(files: dict, cfgs: Sequence[Config], n_ctx: int, threads: int, prompt: list[int],
+                   progress: Progress | None = None) -> dict:
+    say = progress or _quiet
+    main = [c for c in cfgs if not c.sweep]
+    mem = {}
+    for i, c in enumerate(main):
+        say("peak memory (one subprocess per configuration)", i, len(main))
+        mem[c.name] = _memory(files[c.file], c, n_ctx, threads, prompt)
+    say("peak memory (one subprocess per configuration)", len(main), len(main))
+    return mem
 
 
 def _median(xs):
@@ -365,11 +388,7 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
     load_after = _load_avg()
     del models
 
-    mem = {}
-    if memory:
-        for i, c in enumerate(x for x in cfgs if not x.sweep):
-            say("peak memory (one subprocess per configuration)", i, 6)
-            mem[c.name] = _memory(files[c.file], c, n_ctx, threads, chats[0])
+    mem = measure_memory(files, cfgs, n_ctx, threads, chats[0], say) if memory else {}
     return _summarize(river_path, files, notes, cfgs, dec, pf, mem, dict(
         threads=threads, tokens=tokens, rounds=rounds, prompts=texts, prompt_tokens=[len(c) for c in chats],
         prefill_tokens=len(pre), prefill_reps=prefill_reps, n_ctx=n_ctx, thresholds=thresholds,
@@ -458,9 +477,7 @@ def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
             "n_ctx": meta["n_ctx"], "order": "round-robin, every configuration on each prompt in turn, order "
                                              "rotated each round, all models loaded once",
             "ratios": "median over (round, prompt) of tok/s / backbone tok/s in the same round and prompt",
-            "memory": "ru_maxrss (peak RSS) of a fresh subprocess per configuration after loading the model "
-                      "(llama.cpp mmaps with MAP_POPULATE) and decoding 16 tokens; baseline_mib is the "
-                      "interpreter with llama_cpp imported; sweep points share the river configuration's file",
+            "memory": MEMORY_METHOD,
             "ideal_line": "t(e) = t_allriver + (e+1)/L * (t_backbone - t_allriver) per token; ratio_to_ideal is "
                           "measured/ideal (paired per sample, median); the calibrated river's "
                           "ratio_to_ideal_at_depth uses each sample's mean depth",
