@@ -183,7 +183,8 @@ def weights_note(notes: dict) -> str:
     src = zoo.MODELS[notes["source_model"]].description if notes.get("source_model") else "a user GGUF"
     return (f"source {src}; backbone {notes['backbone_type']} (an upcast where the source ships quantized); "
             f"river {notes['river_type']} re-quantized from the backbone; Q8_0/Q4_0 from the "
-            f"{notes['quant_source']}")
+            f"{notes['quant_source']}"
+            + ("" if notes.get("calibrated") else "; UNCALIBRATED river GGUF (thresholds +inf: the rule never exits)"))
 
 
 # -- prompts -------------------------------------------------------------------------------------------
