@@ -499,6 +499,14 @@ def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
 
 # -- output --------------------------------------------------------------------------------------------
 
+def river_vs_ideal_from_medians(res: dict) -> float:
+    """The calibrated river's per-token time over the ideal line's at its mean depth, from the paired median
+    ratios of each configuration (a second estimator beside the per-sample one: their gap is the noise)."""
+    rows, L = res["configs"], res["n_layer"]
+    r_ar = 1.0 / rows["all-river"]["decode_ratio"]
+    return (1.0 / rows["river"]["decode_ratio"]) / (r_ar + rows["river"]["mean_depth"] / L * (1.0 - r_ar))
+
+
 def _f(x, fmt):
     return "-" if x is None else format(x, fmt)
 
@@ -528,7 +536,8 @@ def format_table(res: dict) -> str:
         lines.append(f"target {k}: {t['target']}: {_f(v, '.4f')} -> {'met' if t['met'] else 'MISSED'}")
     r = res["configs"]["river"]
     lines.append(f"river: mean backbone depth {r['mean_depth']:.2f} of {res['n_layer']}, "
-                 f"{r['ratio_to_ideal_at_depth']:.3f} x the ideal line's time at that depth, decision share "
+                 f"{r['ratio_to_ideal_at_depth']:.3f} x the ideal line's time at that depth (per sample; "
+                 f"{river_vs_ideal_from_medians(res):.3f} from the median ratios), decision share "
                  f"{r['decision_share']:.3%}, {res['river_vs_q4_0_ceiling']['river_share_of_q4_0_speed']:.2f} of "
                  f"plain Q4_0's decode speed")
     return "\n".join(lines)
@@ -540,44 +549,48 @@ def figure(res: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Paired quantities only (ratios to the backbone of the same round and prompt): on a shared machine the
+    # absolute medians of different configurations can come from different load phases.
     rows = res["configs"]
     main = [k for k in rows if not k.startswith("exit@")]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
     x = np.arange(len(main))
     w = 0.4
-    d = [rows[k]["decode_tps"] for k in main]
-    p = [rows[k]["prefill_tps"] / 10 for k in main]
-    bars = a.bar(x - w / 2, d, w, label="decode tok/s")
-    pbars = a.bar(x + w / 2, p, w, label="prefill tok/s / 10", color="C1", alpha=0.7)
-    for bar, k in zip(bars, main):
-        a.annotate(f"{rows[k]['decode_ratio']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                   ha="center", va="bottom", fontsize=8)
-    for bar, k in zip(pbars, main):
-        a.annotate(f"{rows[k]['prefill_ratio']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                   ha="center", va="bottom", fontsize=7, color="C1")
+    bars = a.bar(x - w / 2, [rows[k]["decode_ratio"] for k in main], w, label="decode")
+    pbars = a.bar(x + w / 2, [rows[k]["prefill_ratio"] for k in main], w, label="prefill (~200-token ubatch)",
+                  color="C1", alpha=0.7)
+    for bars_, key, col in ((bars, "decode", "k"), (pbars, "prefill", "C1")):
+        for bar, k in zip(bars_, main):
+            a.annotate(f"{rows[k][key + '_ratio']:.2f}x\n{rows[k][key + '_tps']:.0f}/s",
+                       (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                       fontsize=6.5, color=col)
+    a.axhline(1.0, color="grey", lw=0.8)
     a.set_xticks(x, [k + (f"\nd={rows[k]['mean_depth']:.1f}" if rows[k].get("river_on") else "") for k in main],
                  fontsize=8)
-    a.set(ylabel="tokens / s (median)", title="Decode and prefill speed (ratio to the backbone, same run)")
-    a.legend(fontsize=8)
+    a.set(ylabel="tok/s relative to the backbone (paired median)",
+          title="Speed vs the backbone, same run (label: ratio, median tok/s)")
+    a.legend(fontsize=8, loc="upper left")
 
     L = res["n_layer"]
     sw = res["sweep"]
     if sw:
-        t_ar = rows["all-river"]["decode_ms_per_token"]
-        t_bb = rows["backbone"]["decode_ms_per_token"]
+        rel = lambda k: 1.0 / rows[k]["decode_ratio"]  # per-token time relative to the backbone
+        r_ar = rel("all-river")
         xs = np.array([0, L])
-        b.plot(xs, t_ar + xs / L * (t_bb - t_ar), "--", color="grey", label="ideal line (from all-river and backbone)")
-        b.plot([s["backbone_layers"] for s in sw], [s["ms_per_token"] for s in sw], "o-", color="C0",
+        b.plot(xs, r_ar + xs / L * (1.0 - r_ar), "--", color="grey", label="ideal line (from all-river and backbone)")
+        b.plot([s["backbone_layers"] for s in sw], [rel(f"exit@{s['exit']}") for s in sw], "o-", color="C0",
                label="forced exit after layer e (measured)")
         for s in sw:
-            b.annotate(f"{s['ratio_to_ideal']:.3f}", (s["backbone_layers"], s["ms_per_token"]),
+            b.annotate(f"{s['ratio_to_ideal']:.3f}", (s["backbone_layers"], rel(f"exit@{s['exit']}")),
                        textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
-        b.plot([0], [t_ar], "kD", label="all-river")
-        b.plot([L], [t_bb], "g^", ms=8, label="backbone (river off)")
+        b.plot([0], [r_ar], "kD", label="all-river")
+        b.plot([L], [1.0], "g^", ms=8, label="backbone (river off)")
         rv = rows["river"]
-        b.plot([rv["mean_depth"]], [rv["decode_ms_per_token"]], "r*", ms=12, label="river, calibrated")
-        b.set(xlabel="layers run on the backbone (e + 1)", ylabel="ms per decode token (median)",
-              title="Forced-exit sweep vs the ideal line (label: measured / ideal)")
+        b.plot([rv["mean_depth"]], [rel("river")], "r*", ms=12,
+               label=f"river, calibrated ({rv.get('ratio_to_ideal_at_depth', float('nan')):.3f} x ideal per sample, "
+                     f"{river_vs_ideal_from_medians(res):.3f} as drawn)")
+        b.set(xlabel="layers run on the backbone (e + 1)", ylabel="time per decode token / backbone's",
+              title="Forced-exit sweep vs the ideal line (label: measured / ideal, paired)")
         b.legend(fontsize=8)
     m = res["method"]
     fig.suptitle(f"{res['model']}: {res['weights']}\n{m['threads']} threads, {len(m['prompts'])} packaged calibration "
