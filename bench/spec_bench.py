@@ -87,11 +87,11 @@ def main(argv=None) -> int:
         cm = next(iter(v for k, v in _COSTS.items() if k[0] == a.gguf), None)
         if cm is not None:
             ks = list(range(0, len(cm.verify_s) - 1))
-            pred = [cm.rate(k, acc) * cm.verify_s[1] for k in ks]
+            pred = [cm.rate(k, acc) * cm.curve()[1] for k in ks]
             summary["cost_model"] = dict(cm.as_dict(), acceptance=acc,
                                          predicted_speedup_by_k=dict(zip(ks, pred)),
                                          best_k=int(np.argmax(pred)), predicted_best=max(pred),
-                                         draft_over_backbone_step=cm.draft_s / cm.verify_s[1])
+                                         draft_over_backbone_step=cm.draft_s / cm.curve()[1])
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / f"spec_{a.name}.json").write_text(json.dumps(summary, indent=1))
     _plot(summary, a.out / f"spec_{a.name}.png")

@@ -88,15 +88,25 @@ class CostModel:
         else:
             self.verify_s[n] = m
 
-    def rate(self, k: int, a: float) -> float:
+    def curve(self) -> list[float]:
+        """verify_s made non-decreasing from the right (a batch never costs more than a bigger one): a
+        load spike caught in one size's measurements does not rule that size out."""
+        v = list(self.verify_s)
+        for n in range(len(v) - 2, 0, -1):
+            v[n] = min(v[n], v[n + 1])
+        return v
+
+    def rate(self, k: int, a: float, curve: list[float] | None = None) -> float:
         e = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-        return e / (k * self.draft_s + self.verify_s[k + 1])
+        return e / (k * self.draft_s + (curve or self.curve())[k + 1])
 
     def best_k(self, a: float, kmax: int) -> int:
-        return max(range(0, min(kmax, len(self.verify_s) - 2) + 1), key=lambda k: self.rate(k, a))
+        c = self.curve()
+        return max(range(0, min(kmax, len(self.verify_s) - 2) + 1), key=lambda k: self.rate(k, a, c))
 
     def as_dict(self) -> dict:
-        return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]]}
+        return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]],
+                "verify_ms_used": [v * 1e3 for v in self.curve()[1:]]}
 
 
 @dataclass
