@@ -67,7 +67,10 @@ def test_engine_end_to_end(river_copy, tmp_path):
         assert "error" not in mem, mem
         assert mem["peak_mib"] >= mem["after_load_mib"] >= mem["baseline_mib"] > 0
     assert set(res["targets"]) == {"sweep_within_5pct_of_ideal", "decision_share", "prefill_river_vs_backbone"}
-    assert all(isinstance(t["met"], bool) for t in res["targets"].values())
+    assert isinstance(res["targets"]["sweep_within_5pct_of_ideal"]["met"], bool)
+    # uncalibrated: the rule tests no layer, so its targets are not claimed either way
+    assert res["targets"]["decision_share"]["met"] is None
+    assert res["targets"]["prefill_river_vs_backbone"]["met"] is None
     assert res["method"]["threads"] == 1 and res["method"]["prompts"] == SHORT
     assert len(res["machine"]["load_before"]["loadavg_1_5_15"]) == 3
     # the plain files sit next to the river GGUF and are reused
