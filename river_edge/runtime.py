@@ -54,7 +54,7 @@ def runtime_is_patched() -> bool:
 
 
 def _has_river_tensors(path: Path) -> bool:
-    # Cheap: tensor names sit in the header; reading it whole (gguf-py) is slow for big vocabularies.
+    # Only on the stock-runtime path, to turn llama.cpp's "wrong number of tensors" into a clear message.
     from .gguf_tools.reader import open_gguf
 
     return any(t.name.startswith("river.") for t in open_gguf(path).tensors)

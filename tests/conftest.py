@@ -38,3 +38,18 @@ def tiny_llama(tiny_llama_base, tiny_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2(tiny_qwen2_base, tiny_dir) -> Path:
     return build_river(tiny_qwen2_base, tiny_dir / "tiny-qwen2.gguf")
+
+
+@pytest.fixture
+def runner(tmp_path, monkeypatch):
+    """typer's CliRunner over an empty cache: nothing here may download a model."""
+    from typer.testing import CliRunner
+
+    from river_edge import zoo
+
+    monkeypatch.setenv("RIVER_EDGE_CACHE", str(tmp_path / "cache"))
+
+    def no_download(name, progress=None):
+        raise AssertionError(f"test tried to download {name}")
+    monkeypatch.setattr(zoo, "prepare", no_download)
+    return CliRunner()

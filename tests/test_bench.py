@@ -10,10 +10,9 @@ import math
 import shutil
 
 import pytest
-from typer.testing import CliRunner
 
 from river_edge import bench as B
-from river_edge import zoo
+from river_edge.format import RiverError
 from river_edge.cli.main import app
 
 SHORT = ["What is 2 plus 2?", "Write a function."]
@@ -88,18 +87,9 @@ def test_engine_end_to_end(river_copy, tmp_path):
 def test_engine_rejects_a_base_gguf(tiny_llama_base, tmp_path):
     src = tmp_path / "base.gguf"
     shutil.copy(tiny_llama_base, src)
-    with pytest.raises(Exception, match="river"):
+    with pytest.raises(RiverError, match="not a river GGUF"):
         B.run(src, threads=1, tokens=2, rounds=1, prompts=SHORT[:1], memory=False)
 
-
-@pytest.fixture
-def runner(tmp_path, monkeypatch):
-    monkeypatch.setenv("RIVER_EDGE_CACHE", str(tmp_path / "cache"))
-
-    def no_download(name, progress=None):
-        raise AssertionError(f"test tried to download {name}")
-    monkeypatch.setattr(zoo, "prepare", no_download)
-    return CliRunner()
 
 
 def test_cli_bench(runner, river_copy, tmp_path):

@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from river_edge import calibrate as C
 from river_edge import defaults as D
@@ -37,16 +36,6 @@ def quick(tmp_path_factory):
     path.write_text("\n".join(SHORT) + "\n")
     return QUICK + ["--prompts", str(path)]
 
-
-@pytest.fixture
-def runner(tmp_path, monkeypatch):
-    # An empty cache: nothing here may download a model (zoo.prepare fails the test if called).
-    monkeypatch.setenv("RIVER_EDGE_CACHE", str(tmp_path / "cache"))
-
-    def no_download(name, progress=None):
-        raise AssertionError(f"test tried to download {name}")
-    monkeypatch.setattr(zoo, "prepare", no_download)
-    return CliRunner()
 
 
 def run(runner, *args, code=0):

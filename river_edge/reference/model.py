@@ -59,7 +59,7 @@ class Step:
 
 class RiverModel:
     def __init__(self, path: str | Path, emulate: bool = True):
-        self.path, self.args = Path(path), None
+        self.path = Path(path)
         self.args, t = read_gguf(path)
         a, self.emulate = self.args, emulate
         Block = BLOCKS[a.arch]
