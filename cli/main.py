@@ -39,6 +39,7 @@ app = typer.Typer(
 # Choices. Enums built from the format's own lists, so a new river type shows up here by itself.
 RiverType = Enum("RiverType", {t: t for t in F.RIVER_TYPES}, type=str)
 BackboneType = Enum("BackboneType", {t: t for t in F.BACKBONE_TYPES}, type=str)
+HeadType = Enum("HeadType", {t: t for t in F.HEAD_TYPES}, type=str)
 # gguf_tools.convert.MODES (not imported here: it loads numpy and gguf; a test pins the two equal)
 ConvertTo = Enum("ConvertTo", {t: t for t in ("backbone", "river", "f16", *F.RIVER_TYPES)}, type=str)
 
@@ -229,6 +230,10 @@ def build(
         callback=_layer_types, help="One river type per layer, comma separated (overrides --river), e.g. q4_0,q4_0,...,q8_0.")] = None,
     imatrix: Annotated[Optional[Path], typer.Option(
         help="Importance matrix (a llama-imatrix GGUF) weighting the river quantization.")] = None,
+    head: Annotated[HeadType, typer.Option(
+        case_sensitive=False, help="Type of the river's copy of the LM head, used only where every layer is river "
+                                   "(drafting in exact/gated mode, fast mode); none: drafts use the backbone's head.")
+    ] = HeadType(F.DEFAULT_HEAD_TYPE),
     max_kl: MaxKL = None,
     min_agreement: MinAgreement = None,
     max_depth: MaxDepth = None,
@@ -264,7 +269,7 @@ The input is never modified.
             if _same(src, output):
                 _fail(f"{output}: the output would overwrite the input; choose another path")
             summary = build_calibrated_river(src, output, backbone=backbone.value, river=river.value,
-                                             layer_types=types, imatrix=imatrix, target=target,
+                                             layer_types=types, imatrix=imatrix, head=head.value, target=target,
                                              settings=settings, progress=bars)
     if summary is None:
         typer.echo(f"wrote {output} (uncalibrated: thresholds +inf, the river never exits; "

@@ -218,12 +218,13 @@ def _check_dst(src: Path, dst: Path, same_ok: bool) -> None:
 def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: str = "q4_0",
                 layer_types: str | Sequence[str] | None = None,
                 imatrix: Mapping[str, np.ndarray] | str | Path | None = None,
-                progress: Progress | None = None) -> Path:
+                head: str = F.DEFAULT_HEAD_TYPE, progress: Progress | None = None) -> Path:
     """Write a river GGUF at `dst` from the base GGUF `src` (never modified); returns `dst`.
 
     `backbone`: keep | f16 | q8_0. `river`: the default river type; `layer_types` one type per layer
     (overrides `river`). `imatrix`: {backbone tensor name: float32[n_per_row]} or a llama-imatrix GGUF.
     k-quant river types fall back per tensor as llama-quantize does when rows are not a multiple of 256.
+    `head`: type of the river LM head (river.output.weight, used only for all-river drafting), or "none".
     """
     src, dst = Path(src), Path(dst)
     if backbone not in F.BACKBONE_TYPES:
@@ -238,6 +239,9 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
     river = river.lower()
     _layer_types(river, river, 1)  # the default type must be a river type too
     types = _layer_types(layer_types, river, n_layer)
+    head = head.lower()
+    if head not in F.HEAD_TYPES:
+        raise RiverError(f"unknown head type {head!r}: use one of {', '.join(F.HEAD_TYPES)}")
     im, im_sha = load_imatrix(imatrix) if imatrix is not None else ({}, "")
 
     backbone_tensors = [_convert(t, backbone) for t in r.tensors]
@@ -249,6 +253,14 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
             if bt is None:
                 raise RiverError(f"{src}: tensor {F.backbone_tensor(i, w)} is missing")
             river_tensors.append(_river_tensor(bt, i, w, types[i], im))
+    if head != "none":
+        bt = by_name[F.head_source(by_name)]
+        qt = quant.type_for_row(quant.ggml_type(head), bt.shape[0])
+        if not quant.fits(qt, bt.shape[0]):
+            raise RiverError(f"head type {head} cannot hold {bt.name}: rows of {bt.shape[0]} values")
+        # from the backbone's head as converted; an imatrix names backbone tensors only, so none here
+        river_tensors.append(_Tensor(F.RIVER_HEAD, bt.shape, qt,
+                                     lambda: quant.quantize(to_f32(bt.data(), bt.qtype, bt.name), qt)))
 
     kv = _kv(r, skip={"general.architecture", "general.file_type"})
     ft = quant.FILE_TYPES[backbone] if backbone != "keep" else value(r, "general.file_type")

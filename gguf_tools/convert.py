@@ -5,7 +5,7 @@
   "plain quantization" in every table.
 - `plain(src, dst, "backbone")`: a river GGUF's backbone alone, as stock llama.cpp can load it.
 - `plain(src, dst, "river")`: the model made of the river weights (each layer's seven matrices swapped
-  for its river twin), which all-river must equal.
+  for its river twin, the head for the river head if there is one), which all-river must equal.
 """
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None
         elif mode == "river":
             parts = t.name.split(".")
             twin = by_name.get(F.river_tensor(int(parts[1]), parts[2])) if parts[0] == "blk" and parts[3:] == ["weight"] else None
+            if t.name == "output.weight":
+                twin = by_name.get(F.RIVER_HEAD)
             s = twin or t  # the river twin's data under the backbone's name
             out.append(_Tensor(t.name, ggml_shape(t), s.tensor_type, lambda s=s: s.data))
         elif n_dims(ggml_shape(t)) < 2:
@@ -62,6 +64,9 @@ def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None
             if t.name == head and mode not in ("f16", "q8_0"):
                 qt = T.Q6_K
             out.append(_requant(t, qt))
+    if mode == "river" and head == "token_embd.weight" and (rh := by_name.get(F.RIVER_HEAD)) is not None:
+        # tied embeddings: the river head becomes an untied output.weight (llama.cpp loads one if present)
+        out.append(_Tensor("output.weight", ggml_shape(rh), rh.tensor_type, lambda: rh.data))
     kv = [x for x in _kv(r, skip={"general.architecture", "general.file_type"}) if not x[0].startswith("river.")]
     if mode in quant.FILE_TYPES:
         kv.insert(0, ("general.file_type", int(quant.FILE_TYPES[mode]), V.UINT32, None))

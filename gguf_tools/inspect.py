@@ -74,6 +74,11 @@ def _problems(r, path: Path, require_river: bool) -> list[str]:
             if rt_.tensor_type not in allowed:
                 want = "/".join(sorted(quant.type_name(t) for t in allowed))
                 out.append(f"{path}: river tensor {name} has type {rt_.tensor_type.name.lower()}, expected {want}")
+    if (rh := tensors.get(F.RIVER_HEAD)) is not None:
+        expected.add(F.RIVER_HEAD)
+        src = tensors.get(F.head_source(tensors))
+        if src is not None and ggml_shape(rh) != ggml_shape(src):
+            out.append(f"{path}: river tensor {F.RIVER_HEAD} has shape {list(ggml_shape(rh))}, the LM head {list(ggml_shape(src))}")
     for n in tensors:
         if n.startswith("river.") and n not in expected:
             out.append(f"{path}: unexpected river tensor {n}")
@@ -126,6 +131,8 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
         layer = int(t.name.split(".")[2]) if t.name.split(".")[2].isdigit() else -1
         by_layer.setdefault(layer, set()).add(quant.type_name(t.tensor_type))
     info["river_tensor_types"] = [sorted(by_layer.get(i, ())) for i in range(info["n_layer"] or 0)]
+    rh = next((t for t in river if t.name == F.RIVER_HEAD), None)
+    info["river_head_type"] = quant.type_name(rh.tensor_type) if rh is not None else None
     for key, name in ((F.KEY_VERSION, "format_version"), (F.KEY_TYPE, "river_type"), (F.KEY_LAYER_TYPES, "layer_types"),
                       (F.KEY_BACKBONE_TYPE, "backbone_type"), (F.KEY_THRESHOLDS, "thresholds"),
                       (F.KEY_MIN_EXIT, "min_exit_layer"), (F.KEY_CALIBRATED, "calibrated"),
@@ -157,7 +164,8 @@ def format_report(info: dict[str, Any]) -> str:
     if info["river"]:
         lt = info["layer_types"] or []
         lines.append(f"river     format {info['format_version']}, default {info['river_type']}, layers {_counts(lt)}; "
-                     f"{_mib(info['river_bytes'])}, {info['river_bpw']:.2f} bits/weight")
+                     f"{_mib(info['river_bytes'])}, {info['river_bpw']:.2f} bits/weight"
+                     + (f"; drafting head {info['river_head_type']}" if info["river_head_type"] else "; no drafting head"))
         th = info["thresholds"] or []
         shown = "all +inf (never exits)" if th and all(math.isinf(x) and x > 0 for x in th) else \
             " ".join(f"{x:.4g}" for x in th)

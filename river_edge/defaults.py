@@ -58,7 +58,7 @@ def resolve_base(name_or_path: str | os.PathLike, progress: Progress | None = No
 def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = DEFAULT_BACKBONE,
                            river: str = DEFAULT_RIVER, layer_types: str | Sequence[str] | None = None,
                            imatrix: Mapping[str, np.ndarray] | str | Path | None = None,
-                           target: Target | None = DEFAULT_TARGET, settings: Settings | None = None,
+                           head: str = F.DEFAULT_HEAD_TYPE, target: Target | None = DEFAULT_TARGET, settings: Settings | None = None,
                            progress: Progress | None = None) -> dict | None:
     """Build the river GGUF of base GGUF `src` and calibrate it into `dst`; returns the fit summary.
 
@@ -81,7 +81,7 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     def built(done: int, total: int, what: str) -> None:
         say("building the river GGUF" if done else f"building the river GGUF ({what})", done, total)
 
-    kw = dict(backbone=backbone, river=river, layer_types=layer_types, imatrix=imatrix, progress=built)
+    kw = dict(backbone=backbone, river=river, layer_types=layer_types, imatrix=imatrix, head=head, progress=built)
     if target is None:
         build_river(src, dst, **kw)
         return None

@@ -22,6 +22,16 @@ KEY_IMATRIX_SHA = "river.imatrix_sha256"
 
 DEFAULT_MIN_EXIT_LAYER = 1
 
+# Optional low-bit copy of the LM head; the runtime uses it only when every layer is river (drafting, `fast`).
+RIVER_HEAD = "river.output.weight"
+HEAD_TYPES = ("none", *RIVER_TYPES)
+DEFAULT_HEAD_TYPE = "q4_0"
+
+
+def head_source(tensor_names) -> str:
+    """The backbone's LM head: output.weight, or the token embeddings when they are tied."""
+    return "output.weight" if "output.weight" in tensor_names else "token_embd.weight"
+
 
 def river_tensor(layer: int, weight: str) -> str:
     return f"river.blk.{layer}.{weight}.weight"

@@ -30,6 +30,8 @@ _API = {
     "llama_river_get_min_exit_layer": ([_c.c_void_p], _c.c_int32),
     "llama_river_set_forced_exit": ([_c.c_void_p, _c.c_int32], _c.c_int32),
     "llama_river_get_forced_exit": ([_c.c_void_p], _c.c_int32),
+    "llama_river_set_head": ([_c.c_void_p, _c.c_bool], _c.c_int32),
+    "llama_river_get_head": ([_c.c_void_p], _c.c_int32),
     "llama_river_last_exit": ([_c.c_void_p], _c.c_int32),
     "llama_river_get_histogram": ([_c.c_void_p, _c.POINTER(_c.c_int64), _c.c_int32], _c.c_int32),
     "llama_river_get_last_scores": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
@@ -41,7 +43,7 @@ _API = {
 def _lib():
     """The river C API of the loaded llama.cpp, or None for a stock (unpatched) build."""
     lib = llama_cpp.llama_cpp._lib
-    if not hasattr(lib, "llama_river_set_thresholds"):
+    if not hasattr(lib, "llama_river_set_head"):  # the newest symbol: an older patched build counts as stock
         return None
     for name, (args, res) in _API.items():
         f = getattr(lib, name)
@@ -66,7 +68,8 @@ class RiverLlama(llama_cpp.Llama):
     """A llama_cpp.Llama on a river GGUF (or any GGUF: without a river it is the stock model).
 
     Keyword arguments are Llama's, plus `thresholds`, `min_exit_layer` and `forced_exit` overriding
-    the GGUF's river keys, and `river=False` to run the stock graph.
+    the GGUF's river keys, `river=False` to run the stock graph, and `river_head=False` to draft with
+    the backbone's LM head instead of the GGUF's river head.
     """
 
     def __new__(cls, model_path: str, *args, **kwargs):
@@ -81,7 +84,7 @@ class RiverLlama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
                  min_exit_layer: int | None = None, forced_exit: int | None = None, river: bool = True,
-                 mode: str | None = None, gate: float | None = None, **kwargs):
+                 river_head: bool = True, mode: str | None = None, gate: float | None = None, **kwargs):
         path = Path(model_path)
         self._river = _lib()
         kwargs.setdefault("verbose", False)
@@ -103,6 +106,8 @@ class RiverLlama(llama_cpp.Llama):
             self.forced_exit = forced_exit
         if not river:
             self.river_enabled = False
+        if not river_head and self.has_river_head:
+            self.river_head = False
         from .spec import Spec  # decoding modes (river_edge/spec.py); `mode` overrides forced_exit
 
         self._spec = Spec(self, mode, gate)
@@ -185,6 +190,23 @@ class RiverLlama(llama_cpp.Llama):
         v = EXIT_RULE if e is None else int(e)
         if e is not None and not -1 <= v < self.n_layer or lib.llama_river_set_forced_exit(ctx, v) != 0:
             raise RiverError(f"forced exit layer {e} out of range -1..{self.n_layer - 1}")
+
+    @property
+    def has_river_head(self) -> bool:
+        """The GGUF holds a river LM head (river.output.weight)."""
+        return self.has_river and int(self._river.llama_river_get_head(self._ctx.ctx)) >= 0
+
+    @property
+    def river_head(self) -> bool:
+        """All-river steps (drafts, fast mode) use the river LM head."""
+        lib, ctx = self._need_river()
+        return int(lib.llama_river_get_head(ctx)) == 1
+
+    @river_head.setter
+    def river_head(self, on: bool) -> None:
+        lib, ctx = self._need_river()
+        if lib.llama_river_set_head(ctx, bool(on)) != 0:
+            raise RiverError(f"{self.model_path}: has no river LM head (river.output.weight); rebuild with `river build`")
 
     # -- telemetry -----------------------------------------------------------------------------
     @property

@@ -2,7 +2,8 @@
 
 Modes (`RiverLlama(mode=...)`, or `llm.mode = ...`):
   backbone  forced exit L-1: the backbone alone (the river graph skipping every river node)
-  fast      forced exit -1: the river alone (all layers 4-bit, the backbone's embeddings and head)
+  fast      forced exit -1: the river alone (all layers 4-bit, the backbone's embeddings, the river's LM
+            head if the GGUF has one, else the backbone's)
   river     the paper's cosine rule (forced exit: none); the default for a river GGUF
   exact     the river drafts k tokens greedily (or by sampling) into the shared KV cache, the backbone
             re-decodes the k+1 positions in one batch replacing those cells, and the longest prefix the

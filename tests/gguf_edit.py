@@ -42,11 +42,15 @@ def f32_tensor(shape: tuple[int, ...], value: float = 0.0):
     return shape, GGMLQuantizationType.F32, np.full(tuple(reversed(shape)), value, np.float32)
 
 
-def swapped(src: Path, dst: Path, layers) -> Path:
-    """A plain GGUF whose given layers carry their river weights in the backbone's place."""
+def swapped(src: Path, dst: Path, layers, head: bool = False) -> Path:
+    """A plain GGUF whose given layers (and with `head` the LM head: output.weight, added when tied) carry
+    their river weights in the backbone's place."""
     r = open_gguf(src)
     by = {t.name: t for t in r.tensors}
     new = {}
+    if head:
+        t = by[F.RIVER_HEAD]
+        new["output.weight"] = (ggml_shape(t), t.tensor_type, t.data)
     for i in layers:
         for w in F.LAYER_WEIGHTS:
             t = by[F.river_tensor(i, w)]

@@ -50,7 +50,7 @@ def test_keep_carries_everything_over(base, tmp_path):
     src_keys, dst_keys = keys(base), keys(out)
     assert {k: v for k, v in dst_keys.items() if not k.startswith("river.")} == src_keys
     n_layer = src_keys[f"{src_keys['general.architecture']}.block_count"]
-    assert set(dst) - set(src) == {F.river_tensor(i, w) for i in range(n_layer) for w in F.LAYER_WEIGHTS}
+    assert set(dst) - set(src) == {F.river_tensor(i, w) for i in range(n_layer) for w in F.LAYER_WEIGHTS} | {F.RIVER_HEAD}
     assert dst_keys[F.KEY_THRESHOLDS] == [math.inf] * n_layer
     assert dst_keys[F.KEY_MIN_EXIT] == 1 and dst_keys[F.KEY_CALIBRATED] is False
     assert dst_keys[F.KEY_FIT_SUMMARY] == "" and dst_keys[F.KEY_IMATRIX_SHA] == ""
@@ -78,7 +78,7 @@ def test_f16_backbone_is_the_source_upcast(fixture, request):
 def test_river_is_ggml_quantization_of_the_backbone(fixture, request):
     river = request.getfixturevalue(fixture)
     ts = tensors(river)
-    rivers = [t for n, t in ts.items() if n.startswith("river.")]
+    rivers = [t for n, t in ts.items() if n.startswith("river.blk.")]
     assert len(rivers) == 4 * len(F.LAYER_WEIGHTS)
     for t in rivers:
         b = ts[t.name.removeprefix("river.")]
@@ -255,7 +255,7 @@ def test_progress_is_reported(tiny_qwen2_base, tmp_path):
     seen = []
     build_river(tiny_qwen2_base, tmp_path / "r.gguf", progress=lambda done, total, name: seen.append((done, total, name)))
     assert [d for d, _, _ in seen] == list(range(len(seen))) and seen[-1][1] == len(seen) - 1
-    assert seen[-1][2] == "river.blk.3.ffn_down.weight"
+    assert seen[-1][2] == F.RIVER_HEAD and seen[-2][2] == "river.blk.3.ffn_down.weight"
 
 
 def test_tiny_model(tmp_path):
@@ -323,3 +323,30 @@ def test_runtime_loads_a_river_gguf(tiny_llama, llama_cpp):
     llm = llama_cpp.Llama(model_path=str(tiny_llama), n_ctx=64, n_threads=1, logits_all=True, verbose=False)
     llm.eval([1, 2, 3])
     assert np.isfinite(np.array(llm.scores[:3])).all()
+
+
+@pytest.mark.parametrize("head", ["q4_0", "q8_0"])
+def test_river_head_quantizes_the_backbone_head(base, tmp_path, head):
+    out = build_river(base, tmp_path / "r.gguf", head=head)
+    t = tensors(out)
+    src = t["output.weight"] if "output.weight" in t else t["token_embd.weight"]  # tied on the qwen2 tiny
+    rh = t[F.RIVER_HEAD]
+    assert rh.tensor_type == quant.ggml_type(head) and ggml_shape(rh) == ggml_shape(src)
+    want = quant.quantize(f32(src).reshape(rh.data.shape[0], -1), quant.ggml_type(head))
+    assert np.array_equal(rh.data, want)
+    assert validate(out) == []
+
+
+def test_no_river_head(tiny_llama_base, tmp_path):
+    out = build_river(tiny_llama_base, tmp_path / "r.gguf", head="none")
+    assert F.RIVER_HEAD not in tensors(out) and validate(out) == []
+    with pytest.raises(RiverError, match="unknown head type 'q3'"):
+        build_river(tiny_llama_base, tmp_path / "x.gguf", head="q3")
+
+
+def test_validate_rejects_a_misshapen_river_head(tiny_llama, tmp_path):
+    rh = tensors(tiny_llama)[F.RIVER_HEAD]
+    n_embd, n_vocab = ggml_shape(rh)
+    bad = rewrite(tiny_llama, tmp_path / "bad.gguf",
+                  tensors={F.RIVER_HEAD: ((n_embd, n_vocab - 1), T.F32, np.zeros((n_vocab - 1, n_embd), np.float32))})
+    assert any("river.output.weight has shape" in p for p in validate(bad))

@@ -22,6 +22,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import river_edge.runtime as R  # noqa: E402
 from river_edge.format import RiverError  # noqa: E402
+from river_edge.gguf_tools.build import build_river  # noqa: E402
 from river_edge.gguf_tools.convert import plain  # noqa: E402
 from river_edge.reference import Policy, RiverModel  # noqa: E402
 from river_edge.runtime import RiverLlama  # noqa: E402
@@ -200,8 +201,38 @@ def test_forced_exit(river_path, ref, tmp_path):
         assert m.last_exit == e and m.exit_histogram()[e + 1] == 7
         want, _ = replay(ref, toks, [Policy(forced=e)] * 7)
         assert_close(got, want, mixed=e not in (-1, L - 1))
-        sw = stock(swapped(river_path, tmp_path / f"swapped{e}.gguf", range(e + 1, L)))
+        sw = stock(swapped(river_path, tmp_path / f"swapped{e}.gguf", range(e + 1, L), head=e == -1))
         assert greedy(sw)[1].tobytes() == got.tobytes(), e
+
+
+def test_river_head_is_used_only_when_all_river(river_path, ref, tmp_path):
+    L = ref.args.n_layer
+    m = river(river_path, forced_exit=-1)
+    assert m.has_river_head and m.river_head
+    toks, with_head = greedy(m)
+    m.reset()
+    m.river_head = False
+    assert not m.river_head
+    toks2, got = greedy(m)
+    assert got.tobytes() == greedy(stock(swapped(river_path, tmp_path / "rv.gguf", range(L))))[1].tobytes()
+    want, _ = replay(ref, toks2, [Policy(forced=-1, head=False)] * 7)
+    assert_close(got, want)
+    assert np.abs(with_head - got).max() > 1e-3  # the heads differ, so the switch is seen
+    # any exit >= 0 keeps the backbone's head: equal with the river head on or off
+    e = river(river_path, forced_exit=0)
+    got = greedy(e)[1]
+    e.reset()
+    e.river_head = False
+    assert greedy(e)[1].tobytes() == got.tobytes()
+
+
+def test_no_river_head(tiny_llama_base, tmp_path):
+    path = build_river(tiny_llama_base, tmp_path / "nohead.gguf", head="none")
+    m = river(path, forced_exit=-1)
+    assert not m.has_river_head and not m.river_head
+    with pytest.raises(RiverError, match="no river LM head"):
+        m.river_head = True
+    m.river_head = False  # asking for what is already so is fine
 
 
 # -- 3 + 4. a generation exiting at different layers: decisions, scores, logits and cache ---------------

@@ -114,6 +114,8 @@ def test_gated_extremes(model):
     g0, ginf = _llm(model, "gated", gate=0.0), _llm(model, "gated", gate=math.inf)
     for p in PROMPTS[:3]:
         assert _gen(g0, p) == _gen(ref, p)
+        # no reused prefix: a cell written in a batch of 3 differs in the last bits from one written alone
+        ginf.reset()
         assert _gen(ginf, p) == _fast_after_backbone_prefill(fast, p)
     assert g0.stats()["fallback_rate"] == 1.0 and ginf.stats()["fallback_rate"] == 0.0
     # sampling: the gate picks whose logits llama.cpp's own sampler sees, seed for seed
@@ -208,6 +210,9 @@ def test_exact_512_tokens_smollm2():
     ex = RiverLlama(str(path), mode="exact", n_ctx=1024, seed=0)
     p = ref.tokenize(b"Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many "
                      b"clips in May. How many clips did Natalia sell altogether in April and May?\nAnswer:")
+    # a fixed k: with the cost model k follows the machine's timings, and this text has a near-tie at token
+    # 290 (backbone logits 26.6130 vs 26.6105) that a different verification batch size can flip
+    ex._spec.fixed_k = 4
     a = _gen(ref, p, n=512)
     b = _gen(ex, p, n=512)
     assert a == b

@@ -28,6 +28,7 @@ class Policy:
     min_exit_layer: int | None = None          # None: the GGUF's river.min_exit_layer
     forced: int | Sequence[int] | None = None  # a fixed exit layer (one per sequence with per_sequence)
     river: bool = True                         # False: the plain backbone (the GGUF may lack a river)
+    head: bool = True                          # all-river sequences use the river LM head, if the GGUF has one
 
     @staticmethod
     def backbone() -> "Policy":
@@ -70,7 +71,8 @@ class RiverModel:
                       for i in range(a.n_layer)] if self.has_river else None
         self.tok_embd = t["token_embd.weight"].w
         self.out_norm = t["output_norm.weight"].w
-        self.head = llama.Linear(t.get("output.weight", t["token_embd.weight"]), None, emulate)
+        self.head = llama.Linear(t[F.head_source(t)], None, emulate)
+        self.river_head = llama.Linear(t[F.RIVER_HEAD], None, emulate) if F.RIVER_HEAD in t else None
 
     def new_cache(self, max_len: int = 512) -> Cache:
         return Cache(self.args, max_len)
@@ -168,7 +170,11 @@ class RiverModel:
                 rs = torch.cat([torch.arange(seqs[i][1], seqs[i][1] + seqs[i][2]) for i in grp])
                 if sims[rs, il].min().item() > tau[il]:
                     exits[j], decided[j] = il, True
-        logits = self.head(llama.rms_norm(h, self.out_norm, self.args.eps))
+        hn = llama.rms_norm(h, self.out_norm, self.args.eps)
+        logits = self.head(hn)
+        if self.river_head is not None and policy.river and policy.head and -1 in exits:
+            rr = [r for j, grp in enumerate(groups) if exits[j] == -1 for i in grp for r in range(seqs[i][1], seqs[i][1] + seqs[i][2])]
+            logits[rr] = self.river_head(hn[rr])
         for cache, _, n in seqs:
             cache.n += n
         exit_of = [exits[j] for j, grp in enumerate(groups) for _ in grp]
