@@ -240,7 +240,9 @@ class Spec:
     # -- low level -------------------------------------------------------------------------------
     def _key(self):
         llm = self.llm
-        return (str(llm.model_path), llm.context_params.n_threads, llm.context_params.n_threads_batch)
+        # the draft step's cost depends on which head drafts
+        return (str(llm.model_path), llm.context_params.n_threads, llm.context_params.n_threads_batch,
+                llm.has_river and llm.river_head)
 
     def _decode(self, toks, pos: int, all_logits: bool) -> np.ndarray:
         """Decode toks at pos.. (seq 0) and return the logits rows (a view: copy before the next decode)."""
