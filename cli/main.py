@@ -540,12 +540,16 @@ def bench(
              "the cache). Default: the SmolLM2-135M-Instruct river GGUF.")] = None,
     threads: Annotated[int, typer.Option("--threads", "-t", min=1, help="CPU threads (decode and prefill).")] = 2,
     tokens: Annotated[Optional[int], typer.Option(
-        "--tokens", "-n", min=2, show_default="48; 12 with --quick", help="Greedy decode tokens per prompt.")] = None,
+        "--tokens", "-n", min=2, show_default="48 (64 with --mode); 12 with --quick", help="Greedy decode tokens per prompt.")] = None,
     rounds: Annotated[Optional[int], typer.Option(
         "--rounds", min=1, show_default="3; 1 with --quick",
         help="Rounds; each runs every configuration on every prompt, alternating.")] = None,
     quick: Annotated[bool, typer.Option(
         "--quick", help="A smoke run: one prompt, one round, few tokens, no memory probes (numbers are noisy).")] = False,
+    mode: Annotated[Optional[str], typer.Option(
+        "--mode", "-m", show_default=False,
+        help="Benchmark decoding modes instead: a comma list of exact, gated, river, fast, backbone (and plain "
+             "q8_0, q4_0 files beside them), e.g. --mode exact,gated,river,fast,backbone,q4_0.")] = None,
     out: Annotated[Path, typer.Option(
         "--out", "-o", file_okay=False, help="Folder for bench_<model>.json and .png.")] = Path("."),
     cache_dir: CacheDir = None,
@@ -558,8 +562,10 @@ the ideal line. Prints a table with ratios to the backbone, mean backbone depth,
 spent deciding exits and peak memory; writes the table as JSON and a PNG.
     """
     from river_edge import bench as B
+    from river_edge import bench_modes as M
 
-    kw = dict(B.QUICK) if quick else {}
+    modes = M.parse_modes(mode) if mode is not None else None
+    kw = dict(M.QUICK if modes else B.QUICK) if quick else {}
     if tokens is not None:
         kw["tokens"] = tokens
     if rounds is not None:
@@ -567,9 +573,14 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
     with _cache(cache_dir):
         with Bars() as bars:
             path = B.resolve_river(model, bars)
-            res = B.run(path, threads=threads, progress=bars, **kw)
-    typer.echo(B.format_table(res))
-    j, png = B.write(res, out, f"bench_{res['model']}")
+            res = M.run(path, modes, threads=threads, progress=bars, **kw) if modes else \
+                B.run(path, threads=threads, progress=bars, **kw)
+    if modes:
+        typer.echo(M.format_table(res))
+        j, png = B.write(res, out, f"bench_modes_{res['model']}", M.figure)
+    else:
+        typer.echo(B.format_table(res))
+        j, png = B.write(res, out, f"bench_{res['model']}")
     typer.echo(f"\nwrote {j}\nwrote {png}")
 
 

@@ -608,12 +608,12 @@ def figure(res: dict, path: str | Path) -> Path:
     return path
 
 
-def write(res: dict, out_dir: str | Path, stem: str) -> tuple[Path, Path]:
+def write(res: dict, out_dir: str | Path, stem: str, plot=None) -> tuple[Path, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     j = out_dir / f"{stem}.json"
     j.write_text(json.dumps(res, indent=1) + "\n")
-    return j, figure(res, out_dir / f"{stem}.png")
+    return j, (plot or figure)(res, out_dir / f"{stem}.png")
 
 
 if __name__ == "__main__":

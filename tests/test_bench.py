@@ -111,3 +111,33 @@ def test_cli_bench_errors(runner, tiny_llama_base, tmp_path):
     assert r.exit_code == 1 and "river" in r.stderr
     r = runner.invoke(app, ["bench", "--threads", "0"])
     assert r.exit_code == 2
+
+
+# -- decoding modes (river_edge.bench_modes, `river bench --mode`) -------------------------------------
+
+def test_modes_bench_end_to_end(river_copy, tmp_path):
+    from river_edge import bench_modes as M
+
+    modes = M.parse_modes("exact,gated,river,fast,backbone,q4_0")
+    res = M.run(river_copy, modes, threads=1, tokens=6, rounds=2, prompts=SHORT)
+    cs = res["configs"]
+    assert list(cs) == ["backbone", "exact", "gated", "river", "fast", "q4_0"]
+    assert len(res["rows"]) == 2 * len(SHORT)
+    assert cs["backbone"]["ratio_median"] == 1.0
+    # exactness: every run of exact mode gives the backbone's tokens; river at +inf thresholds is the backbone
+    assert cs["exact"]["identical_runs"] == cs["exact"]["runs"] == 4
+    assert cs["river"]["identical_runs"] == 4 and cs["river"]["mean_depth"] == 4
+    assert 0 <= cs["exact"]["acceptance_rate"] <= 1 and 0 <= cs["gated"]["fallback_rate"] <= 1
+    for c in cs.values():
+        assert c["tok_s_median"] > 0 and 0 <= c["common_prefix_mean"] <= 6
+    assert "q4_0" in M.format_table(res)
+
+
+def test_modes_bench_cli(river_copy, runner, tmp_path):
+    r = runner.invoke(app, ["bench", str(river_copy), "--mode", "exact,fast", "--quick", "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "bench_modes_tiny.json").read_text())
+    assert list(res["configs"]) == ["backbone", "exact", "fast"] and res["tokens"] == 12
+    assert (tmp_path / "bench_modes_tiny.png").stat().st_size > 1000
+    bad = runner.invoke(app, ["bench", str(river_copy), "--mode", "exact,turbo"])
+    assert bad.exit_code != 0 and "unknown mode 'turbo'" in bad.output and "Traceback" not in bad.output
