@@ -276,7 +276,8 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
 
 def set_river_keys(src: str | Path, dst: str | Path, *, thresholds: Sequence[float] | None = None,
                    min_exit_layer: int | None = None, calibrated: bool | None = None,
-                   fit_summary: str | None = None) -> Path:
+                   fit_summary: str | None = None, gate_entropy: float | None = None,
+                   gate_summary: str | None = None) -> Path:
     """Copy the river GGUF `src` to `dst` with the given river.* keys replaced (None: unchanged).
 
     `dst` may be `src`: the file is replaced atomically, so a reader never sees a half-written one.
@@ -301,6 +302,12 @@ def set_river_keys(src: str | Path, dst: str | Path, *, thresholds: Sequence[flo
         new[F.KEY_CALIBRATED] = (bool(calibrated), V.BOOL, None)
     if fit_summary is not None:
         new[F.KEY_FIT_SUMMARY] = (str(fit_summary), V.STRING, None)
+    if gate_entropy is not None:
+        if math.isnan(gate_entropy) or gate_entropy < 0:
+            raise RiverError(f"gate entropy {gate_entropy}: need a number >= 0 (+inf: never fall back)")
+        new[F.KEY_GATE] = (float(gate_entropy), V.FLOAT32, None)
+    if gate_summary is not None:
+        new[F.KEY_GATE_SUMMARY] = (str(gate_summary), V.STRING, None)
     kv = [(k, *new.pop(k)) if k in new else (k, v, t, s) for k, v, t, s in _kv(r, skip={"general.architecture"})]
     kv += [(k, *x) for k, x in new.items()]  # keys the source lacked
     tensors = [_Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data) for t in r.tensors]

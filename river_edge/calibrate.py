@@ -407,6 +407,11 @@ def format_summary(s: dict) -> str:
     out.append("median Spearman with the damage, per layer: " +
                ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in med.items()))
     out.append("verdict: " + s["verdict"])
+    if g := s.get("gate"):
+        t = g["test"]
+        out.append(f"gated mode: fall back to the backbone at river entropy >= {g['gate_entropy']:.3g} nats: on unseen "
+                   f"prompts fallback {t['fallback_rate']:.2f}, KL {t['kl']:.4f}, top-1 {t['agreement']:.3f} "
+                   f"(random fallback at that rate: KL {t['random']['kl']:.4f}, top-1 {t['random']['agreement']:.3f})")
     return "\n".join(out)
 
 
@@ -416,6 +421,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     """Fit thresholds for the river GGUF `src` and write them to `dst` (never `src`), with the report
     beside it: DST.calibration.json and DST.calibration.png. `label` names the model in the summary and
     the plot (default: src's file name; a build through a temporary file passes the final name)."""
+    from .gate import compact as gate_compact, gate_report, gate_target
     from .gguf_tools.build import set_river_keys
     from .gguf_tools.inspect import check
     from .plots import calibration_figure
@@ -433,8 +439,14 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     prompts = [tok.chat(t) for t in texts[: s.n_prompts]]
     summary = calibrate(model, prompts, target, s, progress)
     summary["source"] = label = label or src.name
+    # the gated mode's gate, on the same prompts and target (a depth target: the default KL)
+    progress("fitting the gated mode's gate", 0, 1)
+    gate = gate_report(model, prompts, gate_target(target), s)
+    summary["gate"] = gate_compact(gate)
+    progress("fitting the gated mode's gate", 1, 1)
     set_river_keys(src, dst, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
-                   calibrated=True, fit_summary=json.dumps(_compact(summary)))
+                   calibrated=True, fit_summary=json.dumps(_compact(summary)), gate_entropy=gate["gate_entropy"],
+                   gate_summary=json.dumps(summary["gate"]))
     Path(f"{dst}.calibration.json").write_text(json.dumps(summary, indent=1))
     calibration_figure(summary, f"{dst}.calibration.png", f"{label}: calibration, {target.kind} <= {target.value}"
                        if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")

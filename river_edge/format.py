@@ -19,6 +19,8 @@ KEY_FIT_SUMMARY = "river.fit_summary"
 KEY_SOURCE_SHA = "river.source_sha256"
 KEY_TOOL_VERSION = "river.tool_version"
 KEY_IMATRIX_SHA = "river.imatrix_sha256"
+KEY_GATE = "river.gate_entropy"        # gated mode: fall back to the backbone at river entropy >= this (nats)
+KEY_GATE_SUMMARY = "river.gate_summary"
 
 DEFAULT_MIN_EXIT_LAYER = 1
 

@@ -21,7 +21,6 @@ import torch
 from . import format as F
 from .calibrate import Settings, Target, _clean_exits, _decode_backbone, _entropy, _kl, default_prompts
 from .format import RiverError
-from .spec import GATE_KEY
 
 
 def record_gate(model, prompts: list[list[int]], s: Settings) -> dict[str, np.ndarray]:
@@ -90,9 +89,9 @@ def write_gate(src: str | Path, dst: str | Path, gate: float, summary: dict | No
     arch, _ = _arch(r, src)
     if F.KEY_VERSION not in r.fields:
         raise RiverError(f"{src}: not a river GGUF; run river build first")
-    new = {GATE_KEY: (float(gate), V.FLOAT32, None)}
+    new = {F.KEY_GATE: (float(gate), V.FLOAT32, None)}
     if summary is not None:
-        new["river.gate_summary"] = (json.dumps(summary), V.STRING, None)
+        new[F.KEY_GATE_SUMMARY] = (json.dumps(summary), V.STRING, None)
     kv = [(k, *new.pop(k)) if k in new else (k, v, t, s) for k, v, t, s in _kv(r, skip={"general.architecture"})]
     kv += [(k, *x) for k, x in new.items()]
     tensors = [_Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data) for t in r.tensors]
@@ -100,6 +99,11 @@ def write_gate(src: str | Path, dst: str | Path, gate: float, summary: dict | No
     _write(tmp, arch, kv, tensors, None)
     tmp.replace(dst)
     return dst
+
+
+def gate_target(target: Target) -> Target:
+    """The gate fits a KL or agreement target; a depth target (the rule's) gives way to the default KL."""
+    return target if target.kind in ("kl", "agreement") else Target("kl", 0.05)  # defaults.DEFAULT_TARGET
 
 
 def calibrate_gate(src: str | Path, dst: str | Path, target: Target, s: Settings = Settings()) -> dict:
@@ -111,7 +115,18 @@ def calibrate_gate(src: str | Path, dst: str | Path, target: Target, s: Settings
     tok = Tokenizer(src)
     texts = list(s.prompts or default_prompts())
     random.Random(s.seed).shuffle(texts)
-    prompts = [tok.chat(t) for t in texts[: s.n_prompts]]
+    summary = gate_report(model, [tok.chat(t) for t in texts[: s.n_prompts]], target, s)
+    write_gate(src, dst, summary["gate_entropy"], compact(summary))
+    Path(f"{dst}.gate.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def compact(summary: dict) -> dict:
+    return {k: summary[k] for k in ("target", "gate_entropy", "test")}
+
+
+def gate_report(model, prompts: list[list[int]], target: Target, s: Settings) -> dict:
+    """Fit the gate on the first half of the prompts and report it on the second."""
     half = len(prompts) // 2
     fit_rec, test_rec = record_gate(model, prompts[:half], s), record_gate(model, prompts[half:], s)
     gate = fit_gate(fit_rec, target)
@@ -121,8 +136,6 @@ def calibrate_gate(src: str | Path, dst: str | Path, target: Target, s: Settings
                "spearman_entropy_kl": _spearman(test_rec["entropy"], test_rec["kl"]),
                "spearman_margin_kl": _spearman(-test_rec["margin"], test_rec["kl"]),
                "test_sweep": sweep(test_rec)}
-    write_gate(src, dst, gate, {k: summary[k] for k in ("target", "gate_entropy", "test")})
-    Path(f"{dst}.gate.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 

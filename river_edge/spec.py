@@ -58,10 +58,11 @@ from dataclasses import dataclass, field
 import llama_cpp
 import numpy as np
 
+from . import format as F
 from .format import RiverError
 
 MODES = ("exact", "gated", "river", "fast", "backbone")
-GATE_KEY = "river.gate_entropy"
+GATE_KEY = F.KEY_GATE
 DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
 KMAX = 8
 

@@ -88,6 +88,11 @@ def test_calibration_meets_its_target_on_unseen_prompts(tiny_llama, tmp_path, ki
     assert (tmp_path / "cal.gguf.calibration.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "cal.gguf.calibration.json").read_text())["spearman_per_layer"]
     assert value(open_gguf(tiny_llama), F.KEY_CALIBRATED) is False  # the input is untouched
+    # the gated mode's gate is fitted on the same prompts (a depth target: the default KL) and stored
+    g = summary["gate"]
+    assert value(r, F.KEY_GATE) == pytest.approx(g["gate_entropy"]) and g["gate_entropy"] >= 0
+    assert json.loads(value(r, F.KEY_GATE_SUMMARY)) == json.loads(json.dumps(g))
+    assert g["target"]["kind"] == "kl" and g["target"]["value"] == (goal if kind == "kl" else 0.05)
 
 
 def test_bad_targets_and_inputs(tiny_llama, tmp_path):
