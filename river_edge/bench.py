@@ -237,18 +237,19 @@ def _decode(m, c: Config, prompt: list[int], n: int) -> dict:
     _apply(m, c)
     m.reset()
     m.eval(prompt)
-    tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+    tok = int(np.argmax(m.last_logits()))
     river = m.has_river and c.river
     if river:
         m.reset_stats()
-    times = []
+    times, out = [], []
     for _ in range(n):
         t0 = time.perf_counter()
         m.eval([tok])
-        tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+        tok = int(np.argmax(m.last_logits()))
         times.append(time.perf_counter() - t0)
+        out.append(tok)
     timed = times[1:] if len(times) > 1 else times
-    r = {"tps": len(timed) / sum(timed), "seconds": sum(times), "steps": len(times)}
+    r = {"tps": len(timed) / sum(timed), "seconds": sum(times), "steps": len(times), "tokens": out}
     if river:
         r["hist"] = m.exit_histogram().tolist()
         r["decision_s"] = m.decision_seconds()

@@ -129,6 +129,11 @@ class RiverLlama(llama_cpp.Llama):
         length and cost model (exact), fallback rate (gated)."""
         return self._spec.stats()
 
+    def last_logits(self) -> np.ndarray:
+        """Logits of the last token decoded (a copy). Llama.scores holds them only with logits_all=True."""
+        p = llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
+        return np.ctypeslib.as_array(p, shape=(self._n_vocab,)).copy()
+
     # -- controls ------------------------------------------------------------------------------
     def _need_river(self):
         if not self.has_river:

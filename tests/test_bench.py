@@ -141,3 +141,14 @@ def test_modes_bench_cli(river_copy, runner, tmp_path):
     assert (tmp_path / "bench_modes_tiny.png").stat().st_size > 1000
     bad = runner.invoke(app, ["bench", str(river_copy), "--mode", "exact,turbo"])
     assert bad.exit_code != 0 and "unknown mode 'turbo'" in bad.output and "Traceback" not in bad.output
+
+
+def test_decode_follows_the_models_own_greedy_tokens(river_copy):
+    """The timed decode feeds back the argmax of the real logits (not Llama.scores, which only
+    logits_all fills), so the river sees the text it would generate."""
+    m = B._load(river_copy, 128, 1)
+    prompt = [1, 5, 9, 200]
+    got = B._decode(m, B.Config("backbone", "river"), prompt, 8)["tokens"]
+    m.reset()
+    want = [t for _, t in zip(range(9), m.generate(prompt, temp=0.0))]
+    assert got == want[1:] and len(set(got)) > 1
