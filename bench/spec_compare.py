@@ -1,0 +1,190 @@
+"""Exact speed-ups a llama.cpp user has, side by side on one model (issue: River-Spec, item 4):
+
+  backbone       the plain backbone file, stock llama-cpp-python, greedy
+  exact          river-edge's exact mode on the river GGUF (the river drafts, the backbone verifies)
+  prompt-lookup  llama-cpp-python's LlamaPromptLookupDecoding(num_pred_tokens=10) on the backbone file
+  draft-model    classic speculative decoding: a smaller model of the same tokenizer drafts k tokens
+                 greedily (its own KV cache, prefix reused), llama-cpp-python verifies
+
+    python bench/spec_compare.py --river ~/.cache/river-edge/rivers/qwen2.5-coder-1.5b.river.gguf \
+        --draft ~/.cache/river-edge/models/qwen2.5-coder-0.5b.gguf --name qwen2.5-coder-1.5b
+
+One process, every configuration on the same prompt in a rotating order each round; ratios are medians over
+rounds of (config tok/s) / (backbone tok/s) of the same round; every output is compared with the backbone's.
+Peak resident memory of each configuration is measured in a fresh subprocess (load, 32 tokens).
+Writes bench/results/spec_compare_<name>.json and .png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from spec_bench import PROMPTS  # noqa: E402
+
+CONFIGS = ("backbone", "exact", "prompt-lookup", "draft-model")
+
+
+class ModelDraft(LlamaDraftModel):
+    """Greedy drafts from a second, smaller model (classic speculative decoding)."""
+
+    def __init__(self, path: str, k: int, **kw):
+        self.llm = llama_cpp.Llama(path, verbose=False, **kw)
+        self.k = k
+
+    def __call__(self, input_ids, /, **kwargs):
+        m, ids = self.llm, [int(x) for x in input_ids]
+        n = 0
+        for a, b in zip(m.input_ids[: m.n_tokens], ids):
+            if a != b:
+                break
+            n += 1
+        m.n_tokens = min(n, len(ids) - 1)          # re-decode at least the last token for its logits
+        m.eval(ids[m.n_tokens:])
+        out = []
+        for i in range(self.k):
+            t = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(m._ctx.ctx, -1),
+                                                    shape=(m.n_vocab(),))))
+            out.append(t)
+            if i + 1 < self.k:
+                m.eval([t])
+        return np.array(out, dtype=np.intc)
+
+
+def load(config: str, a) -> llama_cpp.Llama:
+    kw = dict(n_ctx=1024, n_threads=a.threads, n_threads_batch=a.threads, seed=0, verbose=False)
+    if config == "exact":
+        from river_edge.runtime import RiverLlama
+        return RiverLlama(a.river, mode="exact", **kw)
+    if config == "prompt-lookup":
+        return llama_cpp.Llama(a.backbone, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), **kw)
+    if config == "draft-model":
+        return llama_cpp.Llama(a.backbone, draft_model=ModelDraft(a.draft, a.k, n_ctx=1024, n_threads=a.threads,
+                                                                  n_threads_batch=a.threads), **kw)
+    return llama_cpp.Llama(a.backbone, **kw)
+
+
+def gen(llm, prompt: list[int], n: int) -> tuple[list[int], float]:
+    llm.reset()
+    if isinstance(getattr(llm, "draft_model", None), ModelDraft):
+        llm.draft_model.llm.reset()
+    out, t0 = [], None
+    for tok in llm.generate(prompt, temp=0.0, reset=True):
+        if t0 is None:
+            t0 = time.perf_counter()                 # the first token comes with the prompt: untimed
+        else:
+            out.append(int(tok))
+        if len(out) >= n:
+            break
+    return out, len(out) / (time.perf_counter() - t0)
+
+
+def probe(config: str, a) -> None:
+    llm = load(config, a)
+    p = llm.tokenize(PROMPTS[0].encode())
+    gen(llm, p, 32)
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            print(json.dumps({"peak_mib": int(line.split()[1]) / 1024}))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--river", required=True, help="river GGUF of the target model (built with a river head)")
+    ap.add_argument("--backbone", help="its plain backbone file (default: written once beside the river GGUF)")
+    ap.add_argument("--draft", required=True, help="the draft model's GGUF (same tokenizer)")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--k", type=int, default=4, help="draft length of the draft-model configuration")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--probe", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    a = ap.parse_args(argv)
+    if a.backbone is None:
+        from river_edge.gguf_tools.convert import plain
+        a.backbone = str(Path(a.river).with_name(Path(a.river).name.replace(".river.gguf", "") + ".backbone.gguf"))
+        if not Path(a.backbone).is_file():
+            plain(a.river, a.backbone, "backbone")
+    if a.probe:
+        probe(a.probe, a)
+        return 0
+    configs = a.configs.split(",")
+    models = {c: load(c, a) for c in configs}
+    prompts = [models["backbone"].tokenize(p.encode()) for p in PROMPTS]
+    for c in configs:                                # warm-up: graphs, pages, the exact mode's cost model
+        gen(models[c], prompts[0], 8)
+    load_before = os.getloadavg()
+    rows, same = [], {c: [] for c in configs}
+    for r in range(a.rounds):
+        p = prompts[r % len(prompts)]
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        res = {c: gen(models[c], p, a.tokens) for c in order}
+        for c in configs:
+            same[c].append(res[c][0] == res["backbone"][0])
+        rows.append({c: res[c][1] for c in configs})
+        print(r, {c: round(rows[-1][c] / rows[-1]["backbone"], 2) for c in configs}, flush=True)
+    ex = models["exact"].stats() if "exact" in models else {}
+    del models
+    mem = {}
+    for c in configs:
+        out = subprocess.run([sys.executable, __file__, "--probe", c, "--river", a.river, "--backbone", a.backbone,
+                              "--draft", a.draft, "--name", a.name, "--k", str(a.k), "--threads", str(a.threads)],
+                             capture_output=True, text=True)
+        lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+        mem[c] = json.loads(lines[-1])["peak_mib"] if lines else None
+    files = {"backbone": a.backbone, "river": a.river, "draft": a.draft}
+    summary = {
+        "model": a.name, "files": files, "file_mib": {k: Path(v).stat().st_size / 2**20 for k, v in files.items()},
+        "threads": a.threads, "tokens": a.tokens, "rounds": a.rounds, "draft_k": a.k,
+        "prompts": PROMPTS, "load_before": load_before, "load_after": os.getloadavg(),
+        "tok_s_median": {c: float(np.median([row[c] for row in rows])) for c in configs},
+        "ratio_median": {c: float(np.median([row[c] / row["backbone"] for row in rows])) for c in configs},
+        "identical_rounds": {c: int(sum(same[c])) for c in configs},
+        "peak_mib": mem, "rows": rows,
+        "exact_stats": {k: ex.get(k) for k in ("acceptance_rate", "mean_draft_len", "tokens_per_cycle", "cost_model")},
+    }
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / f"spec_compare_{a.name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    _plot(summary, a.out / f"spec_compare_{a.name}.png")
+    print(json.dumps({k: summary[k] for k in ("tok_s_median", "ratio_median", "identical_rounds", "peak_mib")},
+                     indent=1))
+    return 0
+
+
+def _plot(s: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cs = list(s["ratio_median"])
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    ax[0].bar(cs, [s["ratio_median"][c] for c in cs], color=["0.5", "C0", "C1", "C3"][: len(cs)])
+    for i, c in enumerate(cs):
+        ax[0].text(i, s["ratio_median"][c], f"{s['ratio_median'][c]:.2f}x\n{s['identical_rounds'][c]}/{s['rounds']} same",
+                   ha="center", va="bottom", fontsize=8)
+    ax[0].axhline(1, color="0.6", lw=0.8)
+    ax[0].set_ylabel("decode speed / backbone (median of rounds)")
+    ax[0].set_title(f"{s['model']}: greedy, {s['threads']} threads, {s['tokens']} tokens", fontsize=10)
+    ax[1].bar(cs, [s["peak_mib"].get(c) or 0 for c in cs], color=["0.5", "C0", "C1", "C3"][: len(cs)])
+    ax[1].set_ylabel("peak resident memory (MiB)")
+    ax[1].set_title("load + 32 tokens, fresh process", fontsize=10)
+    for a_ in ax:
+        a_.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
