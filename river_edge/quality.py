@@ -67,19 +67,22 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 class _Scorer:
     """Running KL / agreement / NLL of one configuration against the backbone's stored log-probs."""
 
-    def __init__(self, ref: list[np.ndarray] | None):
-        self.ref, self.kl, self.agree, self.nll = ref, [], [], []
+    def __init__(self, ref: list[np.ndarray] | None, keep: list | None = None):
+        self.ref, self.keep, self.kl, self.agree, self.nll, self.seconds = ref, keep, [], [], [], 0.0
 
     def add(self, i: int, logits: np.ndarray, nxt: int) -> None:
         lp = _log_softmax(logits)
         self.nll.append(-lp[nxt])
+        if self.keep is not None:   # the backbone's run: keep its log-probs as the reference
+            self.keep.append(lp.astype(np.float32))
         if self.ref is not None:
             r = self.ref[i].astype(np.float64)
             self.kl.append(float(np.sum(np.exp(r) * (r - lp))))
             self.agree.append(float(np.argmax(r) == np.argmax(lp)))
 
     def result(self) -> dict:
-        d = {"perplexity": float(math.exp(np.mean(self.nll))), "positions": len(self.nll)}
+        d = {"perplexity": float(math.exp(np.mean(self.nll))), "positions": len(self.nll),
+             "decode_tok_s": len(self.nll) / self.seconds if self.seconds > 0 else 0.0}
         if self.kl:
             d.update(kl=float(np.mean(self.kl)), agreement=float(np.mean(self.agree)),
                      kl_p90=float(np.quantile(self.kl, 0.9)))
@@ -121,15 +124,18 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     gguf_tau = llm.thresholds
     gate = float((llm.metadata or {}).get(GATE_KEY, DEFAULT_GATE))
 
-    def teacher_force(m, step, scorer_ref):
+    def teacher_force(m, step, scorer_ref, keep=None):
         """step(m, tok) decodes one token and returns its logits."""
-        sc, per_text = _Scorer(scorer_ref), []
+        sc, per_text = _Scorer(scorer_ref, keep), []
         i = 0
         for t in toks:
             m.reset()
             n0 = len(sc.nll)
             for j in range(len(t) - 1):
-                sc.add(i, step(m, t[j]), t[j + 1])
+                t0 = time.perf_counter()
+                lg = step(m, t[j])
+                sc.seconds += time.perf_counter() - t0   # decode only, not the scoring
+                sc.add(i, lg, t[j + 1])
                 i += 1
             per_text.append(len(sc.nll) - n0)
         return sc
@@ -152,10 +158,8 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     def backbone_step(m, tok):
         m.eval([tok])
         scores.append(m.last_scores())
-        lg = m.last_logits()
-        ref.append(_log_softmax(lg).astype(np.float32))
-        return lg
-    sc = teacher_force(llm, backbone_step, None)
+        return m.last_logits()
+    sc = teacher_force(llm, backbone_step, None, keep=ref)
     out["backbone"] = dict(sc.result(), kl=0.0, agreement=1.0, mean_depth=float(L))
     ref_tau = _choose_taus(np.array(scores), llm.min_exit_layer, L) if taus is None else list(taus)
     if "taus" in configs:
@@ -225,6 +229,8 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
             extra["mean_depth"] = extra["fallback_rate"] * L
         out[c] = dict(sc.result(), **extra)
     llm.close()
+    for d in out.values():   # the same run, one config after another (not alternating): a coarse speed
+        d["speed_ratio"] = d["decode_tok_s"] / out["backbone"]["decode_tok_s"]
     say("done", len(configs), len(configs))
     return {"kind": "quality", "model": B._stem(river_path), "river_gguf": str(river_path),
             "weights": B.weights_note(notes), "notes": notes, "n_layer": L, "threads": threads,
@@ -260,7 +266,7 @@ def format_table(res: dict) -> str:
     lines = [f"{res['model']}: {res['weights']}",
              f"teacher-forced on {len(res['texts'])} held-out texts ({res['positions']} positions), one token per "
              f"decode, {res['threads']} threads",
-             f"{'config':<16}{'KL':>9}{'top-1':>8}{'ppl':>9}{'depth':>8}  notes"]
+             f"{'config':<16}{'KL':>9}{'top-1':>8}{'ppl':>9}{'depth':>8}{'speed':>7}  notes"]
     for c, d in res["configs"].items():
         note = ""
         if "fallback_rate" in d:
@@ -268,7 +274,7 @@ def format_table(res: dict) -> str:
         elif "file_mib" in d:
             note = f"plain file, {d['file_mib']:.0f} MiB"
         depth = f"{d['mean_depth']:.1f}/{L}" if "mean_depth" in d else "-"
-        lines.append(f"{c:<16}{max(d['kl'], 0.0):>9.4f}{d['agreement']:>8.3f}{d['perplexity']:>9.3f}{depth:>8}  {note}")
+        lines.append(f"{c:<16}{max(d['kl'], 0.0):>9.4f}{d['agreement']:>8.3f}{d['perplexity']:>9.3f}{depth:>8}{d['speed_ratio']:>6.2f}x  {note}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,315 @@
+"""Long and batched runs: does the river keep its quality over a long generation and inside a batch?
+
+kl_along_sequence  one chat prompt, a long greedy backbone continuation (EOS ignored), and every mode
+                   teacher-forced along it: KL(backbone || mode) and top-1 agreement per position. The
+                   question is whether river-written K/V accumulating along the sequence makes KL drift.
+kl_in_batch        4 chat prompts decoded together in one llama_context (one llama_batch of 4 tokens per
+                   step) with the river rule, against each decoded alone. In a batch the rule decides per
+                   ubatch on the MIN cosine over its tokens, so all 4 exit at the same layer: the batch
+                   should exit later (deeper, closer to the backbone), never worse.
+figure             both as one PNG.
+
+Position i is the distribution after feeding generated token i (it predicts token i + 1): every position is
+a one-token decode step, as in generation; the prompt's prefill is not scored. KL is in nats, computed in
+float64 from the mode's logits and the backbone's stored log-probs.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .format import RiverError
+
+Progress = Callable[[str, int, int], None]
+STEP_MODES = ("backbone", "river", "fast")  # exact/gated pick their own tokens: not teacher-forceable
+REF_BUDGET = 1 << 30  # bytes of stored backbone log-probs kept in float32; above it float16 (see _Ref)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max()
+    return x - m - math.log(np.exp(x - m).sum())
+
+
+class _Ref:
+    """The backbone's log-probs per position. float32 while n x vocab fits REF_BUDGET (exact to ~1e-7),
+    else float16 (2,048 x Qwen's 152k vocab is 1.2 GB in float32). Rows are renormalised when read: a
+    float16 row's rounding (~2e-4 relative) would otherwise enter KL at first order; renormalised it enters
+    at second order (~1e-6 nats, far below any river's KL)."""
+
+    def __init__(self, n: int, vocab: int):
+        dt = np.float32 if n * vocab * 4 <= REF_BUDGET else np.float16
+        self.rows = np.empty((n, vocab), dtype=dt)
+
+    def __setitem__(self, i: int, lp: np.ndarray) -> None:
+        self.rows[i] = lp
+
+    def score(self, i: int, logits: np.ndarray) -> tuple[float, bool]:
+        """(KL(backbone || this), top-1 agreement) at position i."""
+        r = _log_softmax(self.rows[i])
+        lp = _log_softmax(logits)
+        return float(np.sum(np.exp(r) * (r - lp))), bool(np.argmax(r) == np.argmax(lp))
+
+
+def _summary(kl: list[float], agree: list[bool], window: int) -> dict:
+    k, a = np.asarray(kl, dtype=np.float64), np.asarray(agree, dtype=np.float64)
+    q = max(len(k) // 4, 1)
+    return {"kl": k.tolist(), "agree": [bool(x) for x in agree],
+            "kl_mean": float(k.mean()), "agreement": float(a.mean()), "kl_max": float(k.max()),
+            "windows": [{"start": s, "n": int(len(k[s:s + window])), "kl_mean": float(k[s:s + window].mean()),
+                         "agreement": float(a[s:s + window].mean())} for s in range(0, len(k), window)],
+            "kl_first_quarter": float(k[:q].mean()), "kl_last_quarter": float(k[-q:].mean())}
+
+
+def _depth(hist: np.ndarray) -> float:
+    """Mean backbone layers per step: hist[e + 1] counts exits after layer e."""
+    return float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1))
+
+
+def _open(river_path, n_ctx: int, threads: int, thresholds):
+    from .runtime import RiverLlama
+
+    llm = RiverLlama(str(river_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0,
+                     thresholds=thresholds)
+    if not llm.has_river:
+        llm.close()
+        raise RiverError(f"{river_path}: the runtime sees no river in it")
+    return llm
+
+
+def _backbone(llm, prompt: list[int], n: int, say: Progress, what: str):
+    """Greedy backbone continuation of n tokens, EOS ignored (eval + argmax rather than generate(), which
+    would stop there): (tokens, their log-probs, positions where the backbone chose EOS)."""
+    llm.mode = "backbone"
+    llm.reset()
+    llm.eval(prompt)
+    nxt = int(np.argmax(llm.last_logits()))
+    ref, toks, eos = _Ref(n, llm.n_vocab()), [], []
+    for i in range(n):
+        if nxt == llm.token_eos():
+            eos.append(i)
+        toks.append(nxt)
+        llm.eval([nxt])
+        lg = llm.last_logits()
+        ref[i] = _log_softmax(lg)
+        nxt = int(np.argmax(lg))
+        if i % 64 == 0:
+            say(what, i, n)
+    return toks, ref, eos
+
+
+def _teacher_force(llm, mode: str, prompt: list[int], toks: list[int], ref: _Ref, say: Progress, what: str):
+    """The mode over the backbone's tokens, one llama_decode each: (kl, agree, exit histogram, seconds).
+    The prompt is prefilled in the same mode (one batch: the rule decides once for it), not scored."""
+    llm.mode = mode
+    llm.reset()
+    llm.eval(prompt)
+    llm.reset_stats()
+    kl, agree, t0 = [], [], time.perf_counter()
+    for i, t in enumerate(toks):
+        llm.eval([t])
+        k, a = ref.score(i, llm.last_logits())
+        kl.append(k)
+        agree.append(a)
+        if i % 64 == 0:
+            say(what, i, len(toks))
+    return kl, agree, llm.exit_histogram(), time.perf_counter() - t0
+
+
+def kl_along_sequence(river_path, modes: Sequence[str] = ("river", "fast"), *, prompt: str, n_tokens: int = 2048,
+                      threads: int = 2, window: int = 256, thresholds: float | Sequence[float] | None = None,
+                      progress: Progress | None = None) -> dict:
+    """KL(backbone || mode) and agreement at each of n_tokens positions of one long backbone generation.
+
+    thresholds: override the GGUF's for the river rule (None: the calibrated ones)."""
+    from .tokenizer import Tokenizer
+
+    say = progress or (lambda *a: None)
+    bad = [m for m in modes if m not in STEP_MODES]
+    if bad:
+        raise RiverError(f"mode {bad[0]!r} cannot be teacher-forced: use {', '.join(STEP_MODES)}")
+    ids = Tokenizer(river_path).chat(prompt)
+    llm = _open(river_path, len(ids) + n_tokens + 8, threads, thresholds)
+    try:
+        t0 = time.perf_counter()
+        toks, ref, eos = _backbone(llm, ids, n_tokens, say, "backbone text")
+        out = {"model": Path(river_path).name, "n_layer": llm.n_layer, "n_tokens": n_tokens, "threads": threads,
+               "prompt": prompt, "prompt_tokens": len(ids), "window": window,
+               "ref_dtype": str(ref.rows.dtype), "backbone_seconds": time.perf_counter() - t0,
+               "eos_positions": eos, "continuation": llm.detokenize(toks).decode(errors="replace"),
+               "modes": {}}
+        for m in modes:
+            kl, agree, hist, sec = _teacher_force(llm, m, ids, toks, ref, say, m)
+            out["modes"][m] = dict(_summary(kl, agree, window), mean_depth=_depth(hist),
+                                   hist=hist.tolist(), seconds=sec)
+        return out
+    finally:
+        llm.close()
+
+
+def _batch_context(llm, n_seq: int, n_ctx: int, n_batch: int):
+    """A second llama_context on llm's model for n_seq sequences: llm's own parameters (threads, flash
+    attention, K/V types) so that batch and alone differ only in the batching, and llm's river settings
+    (thresholds, min exit layer, head), with the rule deciding."""
+    import llama_cpp
+    from llama_cpp._internals import LlamaContext
+
+    from .runtime import EXIT_RULE
+    from .tokenizer import quiet_llama_logs
+
+    p = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
+    p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = n_ctx, n_batch, n_batch, n_seq, True
+    with quiet_llama_logs():
+        ctx = LlamaContext(model=llm._model, params=p, verbose=False)
+    lib, c = llm._river, ctx.ctx
+    tau = llm.thresholds
+    lib.llama_river_set_thresholds(c, (ctypes.c_float * len(tau))(*tau), len(tau))
+    lib.llama_river_set_min_exit_layer(c, llm.min_exit_layer)
+    if llm.has_river_head:
+        lib.llama_river_set_head(c, llm.river_head)
+    lib.llama_river_set_enabled(c, True)
+    lib.llama_river_set_forced_exit(c, EXIT_RULE)
+    return ctx
+
+
+def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, threads: int = 2, window: int = 64,
+                thresholds: float | Sequence[float] | None = None, progress: Progress | None = None) -> dict:
+    """The river rule on len(prompts) sequences decoded together (one llama_batch per step, one token per
+    sequence) vs each alone, both teacher-forced on each prompt's greedy backbone continuation."""
+    import llama_cpp
+    from llama_cpp._internals import LlamaBatch
+
+    from .tokenizer import Tokenizer
+
+    say = progress or (lambda *a: None)
+    tk = Tokenizer(river_path)
+    ids = [tk.chat(p) for p in prompts]
+    n_seq, longest = len(ids), max(len(x) for x in ids)
+    llm = _open(river_path, longest + n_tokens + 8, threads, thresholds)
+    ctx = batch = None
+    try:
+        L, V = llm.n_layer, llm.n_vocab()
+        refs, toks, seqs = [], [], []
+        for s, p in enumerate(ids):
+            t, r, eos = _backbone(llm, p, n_tokens, say, f"backbone text {s}")
+            toks.append(t)
+            refs.append(r)
+            kl, agree, hist, sec = _teacher_force(llm, "river", p, t, r, say, f"river alone {s}")
+            seqs.append({"prompt": prompts[s], "prompt_tokens": len(p), "eos_positions": eos,
+                         "alone": dict(_summary(kl, agree, window), mean_depth=_depth(hist), hist=hist.tolist(),
+                                       seconds=sec)})
+
+        nb = max(longest, n_seq)
+        ctx = _batch_context(llm, n_seq, n_seq * (longest + n_tokens) + 64, nb)
+        lib, c = llm._river, ctx.ctx
+        batch = LlamaBatch(n_tokens=nb, embd=0, n_seq_max=1, verbose=False)
+        for s, p in enumerate(ids):  # prefill: one llama_decode (one ubatch, one rule decision) each, as alone
+            batch.reset()
+            batch.add_sequence(p, s, False)
+            ctx.decode(batch)
+        lib.llama_river_reset_stats(c)
+        kl = [[] for _ in ids]
+        agree = [[] for _ in ids]
+        exits, t0 = [], time.perf_counter()
+        b = batch.batch
+        for i in range(n_tokens):
+            b.n_tokens = n_seq
+            for s in range(n_seq):
+                b.token[s], b.pos[s], b.n_seq_id[s], b.logits[s] = toks[s][i], len(ids[s]) + i, 1, True
+                b.seq_id[s][0] = s
+            ctx.decode(batch)
+            exits.append(int(lib.llama_river_last_exit(c)))
+            for s in range(n_seq):
+                row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(c, s), shape=(V,))
+                k, a = refs[s].score(i, row)
+                kl[s].append(k)
+                agree[s].append(a)
+            if i % 64 == 0:
+                say("batch", i, n_tokens)
+        sec = time.perf_counter() - t0
+        hist = (ctypes.c_int64 * (L + 1))()
+        lib.llama_river_get_histogram(c, hist, L + 1)
+        for s in range(n_seq):
+            seqs[s]["batch"] = _summary(kl[s], agree[s], window)
+
+        def pooled(key: str, what: str) -> float:
+            return float(np.mean([x for q in seqs for x in q[what][key]]))
+        return {"model": Path(river_path).name, "n_layer": L, "n_tokens": n_tokens, "threads": threads,
+                "n_seq": n_seq, "window": window, "ref_dtype": str(refs[0].rows.dtype),
+                "thresholds": None if thresholds is None else llm.thresholds,
+                "sequences": seqs, "batch_exits": exits, "batch_hist": list(hist), "batch_seconds": sec,
+                "batch_mean_depth": float(np.mean(exits)) + 1.0,
+                "alone_mean_depth": float(np.mean([q["alone"]["mean_depth"] for q in seqs])),
+                "batch_kl_mean": pooled("kl", "batch"), "alone_kl_mean": pooled("kl", "alone"),
+                "batch_agreement": pooled("agree", "batch"), "alone_agreement": pooled("agree", "alone")}
+    finally:
+        if batch is not None:
+            batch.close()
+        if ctx is not None:
+            ctx.close()  # before the model it was made on
+        llm.close()
+
+
+def _rolling(x: Sequence[float], w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trailing mean over w positions (fewer at the start): (positions, means)."""
+    x = np.asarray(x, dtype=np.float64)
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    i = np.arange(1, len(x) + 1)
+    lo = np.maximum(i - w, 0)
+    return i - 1, (c[i] - c[lo]) / (i - lo)
+
+
+def figure(long: dict | None, batch: dict | None, path, w: int = 64) -> Path:
+    """Left: KL vs position of each mode of the long run; right: each sequence of the batch run, batched
+    (solid) and alone (dashed). Trailing means over w tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
+    title = []
+    if long:
+        lo, hi = math.inf, 0.0
+        for m, r in long["modes"].items():
+            x, y = _rolling(r["kl"], w)
+            lo, hi = min(lo, y.min()), max(hi, y.max())
+            depth = f", depth {r['mean_depth']:.1f}/{long['n_layer']}" if "mean_depth" in r else ""
+            a.plot(x, y, label=f"{m}: mean KL {r['kl_mean']:.3g}, agree {r['agreement']:.1%}{depth}")
+        a.set(xlabel="generated token", ylabel=f"KL(backbone || mode), nats, mean of last {w}",
+              title=f"One generation of {long['n_tokens']} tokens (backbone's greedy text)")
+        if lo > 0:  # river and fast KL can be 10x apart: log, floored (a first step on the backbone is ~1e-15)
+            a.set_yscale("log")
+            a.set_ylim(max(lo, hi * 1e-3), hi * 1.5)
+        else:  # a mode equal to the backbone (KL 0 or -1e-15)
+            a.set_ylim(bottom=0)
+        a.legend(fontsize=8)
+        title.append(f"{long['model']}, {long['threads']} threads")
+    else:
+        a.text(0.5, 0.5, "long run: not run", ha="center", va="center", transform=a.transAxes)
+        a.set_axis_off()
+    if batch:
+        for s, q in enumerate(batch["sequences"]):
+            for key, ls in (("batch", "-"), ("alone", "--")):
+                x, y = _rolling(q[key]["kl"], w)
+                b.plot(x, y, ls=ls, color=f"C{s}", label=f"seq {s} {key}: mean KL {q[key]['kl_mean']:.3g}")
+        b.set(xlabel="generated token", ylabel=f"KL(backbone || river rule), mean of last {w}",
+              title=f"{batch['n_seq']} sequences in one batch (solid) vs alone (dashed); depth "
+                    f"{batch['batch_mean_depth']:.1f} vs {batch['alone_mean_depth']:.1f}/{batch['n_layer']}",
+              ylim=(0, None))
+        b.legend(fontsize=7, ncol=2)
+        title.append(f"batch: {batch['model']}, {batch['threads']} threads, {batch['n_tokens']} tokens/seq")
+    else:
+        b.text(0.5, 0.5, "batch run: not run", ha="center", va="center", transform=b.transAxes)
+        b.set_axis_off()
+    fig.suptitle("; ".join(title), fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
