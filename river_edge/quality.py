@@ -144,25 +144,30 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
         m.eval([tok])
         return m.last_logits()
 
-    # backbone: the reference log-probs, and the cosine scores the tau sweep is chosen from
+    # backbone (river off: the stock graph): the reference log-probs and speed
     out: dict[str, dict] = {}
     t0 = time.time()
     say("backbone", 0, len(configs))
-    llm.river_enabled = True
-    llm.forced_exit = None
-    llm.min_exit_layer = min(max(llm.min_exit_layer, 0), L - 2)
-    # tau = 2 (past RiverLlama's [-1, 1] check, through the C API): every s_l computed, no exit ever
-    llm._river.llama_river_set_thresholds(llm._ctx.ctx, (ctypes.c_float * L)(*[2.0] * L), L)
-    scores, ref = [], []
-
-    def backbone_step(m, tok):
-        m.eval([tok])
-        scores.append(m.last_scores())
-        return m.last_logits()
-    sc = teacher_force(llm, backbone_step, None, keep=ref)
+    ref: list[np.ndarray] = []
+    llm.river_enabled = False
+    sc = teacher_force(llm, plain_step, None, keep=ref)
     out["backbone"] = dict(sc.result(), kl=0.0, agreement=1.0, mean_depth=float(L))
-    ref_tau = _choose_taus(np.array(scores), llm.min_exit_layer, L) if taus is None else list(taus)
+    llm.river_enabled = True
+    ref_tau = list(taus) if taus is not None else []
     if "taus" in configs:
+        if taus is None:
+            # the backbone's cosine scores, to choose the sweep from: tau = 2 (past RiverLlama's [-1, 1]
+            # check, through the C API) computes every s_l and never exits
+            scores = []
+            llm.forced_exit = None
+            llm._river.llama_river_set_thresholds(llm._ctx.ctx, (ctypes.c_float * L)(*[2.0] * L), L)
+
+            def score_step(m, tok):
+                m.eval([tok])
+                scores.append(m.last_scores())
+                return m.last_logits()
+            teacher_force(llm, score_step, None)
+            ref_tau = _choose_taus(np.array(scores), max(llm.min_exit_layer, 0), L)
         configs = [c for c in configs if c != "taus"] + [f"tau={x:.6g}" for x in ref_tau]
 
     def rule(m, tau):
