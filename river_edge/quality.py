@@ -68,7 +68,7 @@ class _Scorer:
     """Running KL / agreement / NLL of one configuration against the backbone's stored log-probs."""
 
     def __init__(self, ref: list[np.ndarray] | None, keep: list | None = None):
-        self.ref, self.keep, self.kl, self.agree, self.nll, self.seconds = ref, keep, [], [], [], 0.0
+        self.ref, self.keep, self.kl, self.agree, self.nll, self.seconds, self.timed = ref, keep, [], [], [], 0.0, 0
 
     def add(self, i: int, logits: np.ndarray, nxt: int) -> None:
         lp = _log_softmax(logits)
@@ -82,7 +82,7 @@ class _Scorer:
 
     def result(self) -> dict:
         d = {"perplexity": float(math.exp(np.mean(self.nll))), "positions": len(self.nll),
-             "decode_tok_s": len(self.nll) / self.seconds if self.seconds > 0 else 0.0}
+             "decode_tok_s": self.timed / self.seconds if self.seconds > 0 else 0.0}
         if self.kl:
             d.update(kl=float(np.mean(self.kl)), agreement=float(np.mean(self.agree)),
                      kl_p90=float(np.quantile(self.kl, 0.9)))
@@ -134,7 +134,9 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
             for j in range(len(t) - 1):
                 t0 = time.perf_counter()
                 lg = step(m, t[j])
-                sc.seconds += time.perf_counter() - t0   # decode only, not the scoring
+                if j > 0:   # decode only, not the scoring; not the first step (graph build, cold pages)
+                    sc.seconds += time.perf_counter() - t0
+                    sc.timed += 1
                 sc.add(i, lg, t[j + 1])
                 i += 1
             per_text.append(len(sc.nll) - n0)
@@ -238,10 +240,22 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
         d["speed_ratio"] = d["decode_tok_s"] / out["backbone"]["decode_tok_s"]
     say("done", len(configs), len(configs))
     return {"kind": "quality", "model": B._stem(river_path), "river_gguf": str(river_path),
+            "shipped_type": _shipped_type(notes.get("source_file")),
             "weights": B.weights_note(notes), "notes": notes, "n_layer": L, "threads": threads,
             "texts": [s for s, _ in texts], "max_tokens": max_tokens, "positions": out["backbone"]["positions"],
             "gguf_thresholds": gguf_tau, "taus": ref_tau, "gate_entropy": gate, "seed": seed,
             "elapsed_s": time.time() - t0, "configs": out}
+
+
+def _shipped_type(base: str | None) -> str | None:
+    """The source model's main weight type: plain quantization to it copies the shipped weights, which the
+    F16 backbone is an upcast of, so that point is the backbone's own values, not a quantization of it."""
+    if not base:
+        return None
+    from .gguf_tools.inspect import inspect_gguf
+
+    types = {k: v for k, v in inspect_gguf(base)["backbone_types"].items() if k not in ("f32", "f16", "bf16")}
+    return max(types, key=types.get) if types else None
 
 
 def _depth(h: np.ndarray, L: int) -> dict:

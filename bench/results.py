@@ -1,0 +1,429 @@
+"""Every measurement behind the README's Results section, and the section itself.
+
+    python bench/results.py run       # all steps not yet done (resumable), then the report
+    python bench/results.py run --limit 3 --out /tmp/smoke   # a smoke run: tiny sizes, minutes
+    python bench/results.py report    # only regenerate README + plots from bench/results/*.json
+
+`make results` runs the first. Each step writes one JSON into bench/results/ and is skipped when that file
+exists (`--redo STEP` runs it again); the accuracy evaluation also resumes per problem (JSONL in
+bench/results/eval/). The report writes bench/results/pareto_*.png, depth_*.png and the README section
+between the `results:begin` / `results:end` markers, from the JSON alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+SMOL, QWEN, QWEN15 = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+MODES = "exact,gated,river,fast,backbone,q8_0,q4_0"
+EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
+FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}
+LONG_PROMPT = "Write a detailed, well-structured essay on the history of computing, from the abacus to modern GPUs."
+BATCH_PROMPTS = ["Explain how a bicycle works, step by step.", "Write a Python function that merges two sorted lists.",
+                 "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+                 "How many clips did Natalia sell altogether in April and May?", "Describe the water cycle."]
+
+
+def _river(model: str) -> Path:
+    from river_edge.defaults import default_river
+    return default_river(model=model)
+
+
+def _say(what, done, total):
+    print(f"  {what} {done}/{total}", end="\r", flush=True)
+
+
+# -- steps -------------------------------------------------------------------------------------------------
+
+def step_calibration(out: Path, limit: int | None, model: str) -> dict:
+    src = Path(f"{_river(model)}.calibration.json")
+    return json.loads(src.read_text())
+
+
+def step_modes(out: Path, limit: int | None, model: str) -> dict:
+    from river_edge import bench_modes as M
+    kw = dict(tokens=12, rounds=1, n_prompts=1) if limit else {}
+    return M.run(_river(model), M.parse_modes(MODES), progress=_say, **kw)
+
+
+def step_runtime(out: Path, limit: int | None, model: str) -> dict:
+    from river_edge import bench as B
+    kw = dict(B.QUICK) if limit else {}
+    return B.run(_river(model), progress=_say, **kw)
+
+
+def step_quality(out: Path, limit: int | None, model: str) -> dict:
+    from river_edge import quality as Q
+    kw = dict(n_texts=2, max_tokens=24) if limit else dict(n_texts=8, max_tokens=160)
+    return Q.run(_river(model), list(Q.DEFAULT_CONFIGS) + ["taus"], progress=_say, **kw)
+
+
+EVAL_LIMIT: int | None = None   # --eval-limit: fewer problems per task, everything else full size
+
+
+def step_eval(out: Path, limit: int | None, model: str, task: str) -> dict:
+    from river_edge import evaluate as E
+    n = limit or min(FULL[task], EVAL_LIMIT or FULL[task])
+    return E.run(_river(model), task, limit=n, configs=EVAL_CONFIGS, threads=2,
+                 results=out / "eval" / f"{model}.{task}.jsonl", progress=_say)
+
+
+def step_long(out: Path, limit: int | None, model: str) -> dict:
+    from river_edge import longrun as LR
+    path = _river(model)
+    n_long, n_batch = (24, 12) if limit else (2048, 256)
+    res = {"long": LR.kl_along_sequence(path, ("river", "fast"), prompt=LONG_PROMPT, n_tokens=n_long, progress=_say),
+           "batch": LR.kl_in_batch(path, BATCH_PROMPTS, n_tokens=n_batch, progress=_say)}
+    LR.figure(res["long"], res["batch"], out / f"longrun_{model}.png")
+    return res
+
+
+def step_spec_compare(out: Path, limit: int | None, model: str) -> dict:
+    from river_edge import zoo
+    from river_edge.defaults import build_calibrated_river, default_river_path
+    path = default_river_path(QWEN15)
+    if not path.is_file():   # exact mode needs no thresholds: the river and its head only
+        build_calibrated_river(zoo.prepare(QWEN15), path, target=None, progress=_say)
+    draft = zoo.prepare(QWEN)
+    args = ["--river", str(path), "--draft", str(draft), "--name", QWEN15, "--out", str(out)]
+    args += ["--rounds", "1", "--tokens", "12"] if limit else ["--rounds", "8"]
+    subprocess.run([sys.executable, str(HERE / "spec_compare.py"), *args], check=True)
+    return json.loads((out / f"spec_compare_{QWEN15}.json").read_text())
+
+
+STEPS = {
+    f"calibration_{SMOL}": (step_calibration, dict(model=SMOL)),
+    f"calibration_{QWEN}": (step_calibration, dict(model=QWEN)),
+    f"modes_{SMOL}": (step_modes, dict(model=SMOL)),
+    f"modes_{QWEN}": (step_modes, dict(model=QWEN)),
+    f"quality_{SMOL}": (step_quality, dict(model=SMOL)),
+    f"quality_{QWEN}": (step_quality, dict(model=QWEN)),
+    f"runtime_{SMOL}": (step_runtime, dict(model=SMOL)),
+    f"runtime_{QWEN}": (step_runtime, dict(model=QWEN)),
+    f"longrun_{SMOL}": (step_long, dict(model=SMOL)),
+    f"spec_compare_{QWEN15}": (step_spec_compare, dict(model=QWEN15)),
+    **{f"eval_{QWEN}_{t}": (step_eval, dict(model=QWEN, task=t)) for t in FULL},
+}
+
+
+def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (fn, kw) in STEPS.items():
+        if only and name not in only:
+            continue
+        dst = out / f"{name}.json"
+        if dst.is_file() and name not in redo:
+            print(f"{name}: done ({dst.name})")
+            continue
+        print(f"{name}: running", flush=True)
+        t0 = time.time()
+        res = fn(out, limit, **kw)
+        if isinstance(res, dict):
+            res.setdefault("step_seconds", time.time() - t0)
+            res.setdefault("load_average_end", os.getloadavg())
+        tmp = dst.with_suffix(".part")
+        tmp.write_text(json.dumps(res, indent=1) + "\n")
+        tmp.replace(dst)
+        print(f"\n{name}: {time.time() - t0:.0f} s")
+
+
+# -- report ------------------------------------------------------------------------------------------------
+
+def _load(out: Path, name: str) -> dict | None:
+    p = out / f"{name}.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _x(v, f="{:.2f}"):
+    return "-" if v is None else f.format(v)
+
+
+def _calibration(c: dict, model: str) -> list[str]:
+    t, L = c["test"], c["test"]["backbone"]["depth"]
+    rows = [("fitted rule", t["rule"]), ("random tokens, same depth", t["random_same_depth"]),
+            ("all-river", t["all_river"]), ("backbone", t["backbone"])]
+    med = c["spearman_median"]
+    out = [f"**Calibration, {model}** (target mean KL <= {c['target']['value']}, {c['n_fit_prompts']} prompts "
+           f"to fit, {c['n_test_prompts']} unseen; clean cache):", "",
+           f"| policy (unseen prompts) | backbone layers per token (of {int(L)}) | mean KL | top-1 agreement |",
+           "|---|---|---|---|"]
+    out += [f"| {n} | {m['depth']:.2f} | {m['kl']:.4f} | {m['agreement']:.3f} |" for n, m in rows]
+    out += ["", "Median Spearman, per layer, between a signal and the damage of exiting there: " +
+            ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in med.items()) +
+            " (a useful exit signal would be strongly negative for the cosine)."]
+    if g := c.get("gate"):
+        gt = g["test"]
+        out.append(f"Gate of the gated mode: entropy >= {g['gate_entropy']:.3g} nats; on unseen prompts fallback "
+                   f"{gt['fallback_rate']:.2f}, KL {gt['kl']:.4f}, top-1 {gt['agreement']:.3f}; random fallback at "
+                   f"that rate KL {gt['random']['kl']:.4f}, top-1 {gt['random']['agreement']:.3f}.")
+    return out + [""]
+
+
+def _modes(m: dict) -> list[str]:
+    out = [f"**Decoding modes, {m['model']}** (`river bench {m['model']} --mode {MODES}`; {m['tokens']} greedy tokens "
+           f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process, "
+           f"{m['threads']} threads, load {m['load_before']['loadavg_1_5_15'][0]}):", "",
+           "| config | tok/s | x backbone (median) | min-max | runs identical to backbone | notes |",
+           "|---|---|---|---|---|---|"]
+    L = m["notes"]["n_layer"]
+    for c, d in m["configs"].items():
+        note = ""
+        if d.get("acceptance_rate") is not None:
+            note = f"acceptance {d['acceptance_rate']:.2f}, {d['tokens_per_cycle']:.1f} tokens per cycle"
+        elif "fallback_rate" in d:
+            note = f"fallback rate {d['fallback_rate']:.2f}"
+        elif "mean_depth" in d:
+            note = f"backbone layers {d['mean_depth']:.1f}/{L}"
+        elif c in ("q8_0", "q4_0"):
+            note = f"plain file {d['file_mib']:.0f} MiB (river GGUF {m['configs']['backbone']['file_mib']:.0f})"
+        out.append(f"| {c} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f} | {d['ratio_min']:.2f}-{d['ratio_max']:.2f} "
+                   f"| {d['identical_runs']}/{d['runs']} | {note} |")
+    ex = m["configs"].get("exact", {}).get("cost_model")
+    if ex:
+        v = ex["verify_ms_used"]
+        out += ["", f"Exact mode's cost model on this machine: draft step {ex['draft_ms']:.1f} ms, backbone batch of "
+                f"1..{len(v)} tokens " + ", ".join(f"{x:.0f}" for x in v) + " ms. On hardware where a batch of 5 "
+                "costs about one step (GPU, Metal, more cores) the same acceptance gives more: speed-up = "
+                "E(k) / (k draft + verify(k+1)) with E(k) = (1 - a^(k+1)) / (1 - a)."]
+    return out + [""]
+
+
+def _quality(q: dict, modes: dict | None) -> list[str]:
+    L = q["n_layer"]
+    out = [f"**Distribution quality, {q['model']}** (`river_edge.quality`: teacher-forced on {len(q['texts'])} "
+           f"held-out texts, {q['positions']} positions, one token per decode as in generation; speed = this run's "
+           "decode tok/s over the backbone's, one configuration after another):", "",
+           "| config | mean KL vs backbone | top-1 agreement | perplexity | backbone layers | speed x backbone |",
+           "|---|---|---|---|---|---|"]
+    for c, d in q["configs"].items():
+        depth = f"{d['mean_depth']:.1f}/{L}" if "mean_depth" in d else "-"
+        extra = f" (fallback {d['fallback_rate']:.2f})" if "fallback_rate" in d else ""
+        if c == q.get("shipped_type"):
+            extra = " (the shipped type: the backbone's own values)"
+        out.append(f"| {c}{extra} | {max(d['kl'], 0):.4f} | {d['agreement']:.3f} | {d['perplexity']:.3f} | {depth} | "
+                   f"{d['speed_ratio']:.2f} |")
+    if modes and "exact" in modes["configs"]:
+        e = modes["configs"]["exact"]
+        out.append(f"| exact (from the modes benchmark) | 0 (the backbone's tokens: {e['identical_runs']}/{e['runs']} "
+                   f"runs identical) | 1 | backbone's | {L}/{L} verified | {e['ratio_median']:.2f} |")
+    return out + [""]
+
+
+def _dominance(q: dict) -> list[str]:
+    """Plain words: which lossy river configuration is beaten on both axes by plain quantization."""
+    c = q["configs"]
+    # the shipped type is no quantization of the backbone (the backbone is its upcast): not a fair point
+    plain = {k: v for k, v in c.items() if k.startswith("q") and k != q.get("shipped_type")}
+    lossy = {k: v for k, v in c.items() if k in ("river", "fast", "gated", "random") or k.startswith("tau=")}
+    out = []
+    for k, v in lossy.items():
+        beat = [p for p, pv in plain.items() if pv["speed_ratio"] >= v["speed_ratio"] and pv["kl"] <= v["kl"]]
+        if beat:
+            b = min(beat, key=lambda p: plain[p]["kl"])
+            out.append(f"- **{k}** is dominated by plain {b.upper()}: {plain[b]['speed_ratio']:.2f}x vs "
+                       f"{v['speed_ratio']:.2f}x the backbone's speed, KL {plain[b]['kl']:.4f} vs {v['kl']:.4f}.")
+        else:
+            out.append(f"- **{k}** ({v['speed_ratio']:.2f}x, KL {v['kl']:.4f}) is not dominated by a plain type here.")
+    return out
+
+
+def _eval(evals: dict[str, dict]) -> list[str]:
+    if not evals:
+        return []
+    first = next(iter(evals.values()))
+    out = [f"**Accuracy, {first['model']}** (`river eval --task T --limit N --configs {','.join(EVAL_CONFIGS)}`; greedy, "
+           "chat template, problems interleaved across configurations so speeds come from the same run):", "",
+           "| task (problems, max tokens) | " + " | ".join(first["configs"]) + " |",
+           "|---|" + "---|" * len(first["configs"])]
+    for t, e in evals.items():
+        cells = [f"{d['accuracy']:.1%} ({d['speedup']:.2f}x, {d['mean_depth']:.1f} layers)" if d.get("speedup")
+                 else f"{d['accuracy']:.1%}" for d in e["configs"].values()]
+        out.append(f"| {t} ({e['problems']}, {e['max_tokens']}) | " + " | ".join(cells) + " |")
+    out += ["", "Each cell: accuracy (decode speed x backbone, mean backbone layers per decode step)."]
+    return out + [""]
+
+
+def _spec_compare(s: dict) -> list[str]:
+    out = [f"**Exact speed-ups on {s['model']}** (`python bench/spec_compare.py`; {s['tokens']} greedy tokens x "
+           f"{s['rounds']} rounds alternating; peak memory in a fresh process):", "",
+           "| config | tok/s | x backbone | rounds identical | peak MiB |", "|---|---|---|---|---|"]
+    for c in s["ratio_median"]:
+        out.append(f"| {c} | {s['tok_s_median'][c]:.1f} | {s['ratio_median'][c]:.2f} | {s['identical_rounds'][c]}/"
+                   f"{s['rounds']} | {_x(s['peak_mib'].get(c), '{:.0f}')} |")
+    fm = s["file_mib"]
+    out += ["", f"Files: backbone {fm['backbone']:.0f} MiB; river GGUF (backbone + river + head) {fm['river']:.0f} MiB; "
+            f"draft model {fm['draft']:.0f} MiB (loaded beside the backbone)."]
+    return out + [""]
+
+
+def _long(lr: dict, model: str) -> list[str]:
+    lo, b = lr["long"], lr["batch"]
+    out = [f"**Long and batched runs, {model}** (`river_edge.longrun`, figure `longrun_{model}.png`):", ""]
+    for m, d in lo["modes"].items():
+        out.append(f"- {lo['n_tokens']}-token generation, {m}: mean KL {d['kl_mean']:.4f} (first quarter "
+                   f"{d['kl_first_quarter']:.4f}, last quarter {d['kl_last_quarter']:.4f}), top-1 {d['agreement']:.3f}, "
+                   f"backbone layers {d['mean_depth']:.1f}.")
+    out.append(f"- {b['n_seq']} sequences decoded as one batch with the rule ({b['n_tokens']} tokens each): mean KL "
+               f"{b['batch_kl_mean']:.4f}, top-1 {b['batch_agreement']:.3f}, backbone layers {b['batch_mean_depth']:.1f}; "
+               f"each alone: KL {b['alone_kl_mean']:.4f}, top-1 {b['alone_agreement']:.3f}, layers "
+               f"{b['alone_mean_depth']:.1f} (in a batch the min cosine decides, so the batch exits later).")
+    return out + [""]
+
+
+def _runtime(r: dict) -> list[str]:
+    c = r["configs"]
+    pk = lambda k: _x(c[k].get("peak_mib"), "{:.0f}")  # noqa: E731
+    return [f"Runtime benchmark, {r['model']} (`river bench {r['model']}`): backbone {c['backbone']['decode_tps']:.1f} "
+            f"tok/s; calibrated rule {c['river']['decode_ratio']:.2f}x at {c['river']['mean_depth']:.1f} layers; all-river "
+            f"{c['all-river']['decode_ratio']:.2f}x; plain Q8_0 {c['q8_0']['decode_ratio']:.2f}x; plain Q4_0 "
+            f"{c['q4_0']['decode_ratio']:.2f}x; prefill with the rule {c['river']['prefill_ratio']:.2f}x. Peak MiB: river "
+            f"GGUF {pk('river')}, Q8_0 {pk('q8_0')}, Q4_0 {pk('q4_0')}.", ""]
+
+
+def pareto(q: dict, modes: dict | None, path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c, d in q["configs"].items():
+        kind = "C2" if c.startswith("q") else "0.4" if c == "backbone" else "C1" if "random" in c else "C0"
+        mk = "s" if c.startswith("q") else "x" if "random" in c else "o"
+        ax.scatter(d["speed_ratio"], d["agreement"], color=kind, marker=mk)
+        ax.annotate(c, (d["speed_ratio"], d["agreement"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if modes and "exact" in modes["configs"]:
+        ax.scatter(modes["configs"]["exact"]["ratio_median"], 1.0, color="C3", marker="*", s=120)
+        ax.annotate("exact", (modes["configs"]["exact"]["ratio_median"], 1.0), fontsize=7, xytext=(3, -10),
+                    textcoords="offset points")
+    ax.set_xlabel("decode speed / backbone")
+    ax.set_ylabel("top-1 agreement with the backbone (held-out text)")
+    ax.set_title(f"{q['model']}: river modes (blue), random (orange x), plain quantization (green), exact (red)",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pareto_accuracy(evals: dict[str, dict], path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axs = plt.subplots(1, len(evals), figsize=(4.5 * len(evals), 4), squeeze=False)
+    for ax, (t, e) in zip(axs[0], evals.items()):
+        for c, d in e["configs"].items():
+            color = "C2" if c.startswith("q") else "0.4" if c == "backbone" else "C3" if c == "exact" else "C0"
+            ax.scatter(d["speedup"] or 0, d["accuracy"], color=color)
+            ax.annotate(c, (d["speedup"] or 0, d["accuracy"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_title(f"{t}: {e['problems']} problems", fontsize=9)
+        ax.set_xlabel("decode speed / backbone")
+        ax.set_ylabel("accuracy")
+    fig.suptitle(f"{next(iter(evals.values()))['model']}: accuracy vs speed", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def depth_hist(q: dict, path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hs = {c: d["hist"] for c, d in q["configs"].items() if "hist" in d}
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    L = q["n_layer"]
+    w = 0.8 / max(len(hs), 1)
+    for i, (c, h) in enumerate(hs.items()):
+        h = np.asarray(h, float)
+        ax.bar(np.arange(L + 1) + i * w, h / h.sum(), width=w, label=c)
+    ax.set_xlabel("backbone layers run (exit layer + 1)")
+    ax.set_ylabel("share of decode steps")
+    ax.set_title(f"{q['model']}: exit depth, held-out text", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+BEGIN, END = "<!-- results:begin (generated by `python bench/results.py report`) -->", "<!-- results:end -->"
+
+
+def report(out: Path, readme: Path) -> str:
+    lines = ["All figures: 2 threads on a shared 2-core x86 machine, greedy decoding. Weights: the offline models "
+             "ship quantized (SmolLM2-135M-Instruct Q4_1, Qwen2.5-Coder Q5_0/Q8_0/Q6_K); the backbone is their F16 "
+             "upcast, the river Q4_0 re-quantized from it (with a Q4_0 copy of the LM head for all-river drafts), and "
+             "plain Q4_0/Q4_1/Q5_1/Q8_0 are the shipped models re-quantized with ggml. Regenerate with "
+             "`make results` (all measurements, resumable, a few hours) or `python bench/results.py report` (this "
+             "text and the plots, from `bench/results/*.json`).", ""]
+    for model in (SMOL, QWEN):
+        modes = _load(out, f"modes_{model}")
+        q = _load(out, f"quality_{model}")
+        if c := _load(out, f"calibration_{model}"):
+            lines += _calibration(c, model)
+        if modes:
+            lines += _modes(modes)
+        if q:
+            lines += _quality(q, modes)
+            lines += [f"![pareto](results/pareto_{model}.png) ![depth](results/depth_{model}.png)", ""]
+            pareto(q, modes, out / f"pareto_{model}.png")
+            depth_hist(q, out / f"depth_{model}.png")
+            lines += ["Where plain quantization dominates a lossy river configuration (faster and closer to the "
+                      "backbone on the same text), in plain words:", ""] + _dominance(q) + [""]
+        if r := _load(out, f"runtime_{model}"):
+            lines += _runtime(r)
+        if lr := _load(out, f"longrun_{model}"):
+            lines += _long(lr, model)
+    evals = {t: e for t in FULL if (e := _load(out, f"eval_{QWEN}_{t}"))}
+    if evals:
+        lines += _eval(evals)
+        pareto_accuracy(evals, out / f"pareto_accuracy_{QWEN}.png")
+        lines += [f"![accuracy](results/pareto_accuracy_{QWEN}.png)", ""]
+    if s := _load(out, f"spec_compare_{QWEN15}"):
+        lines += _spec_compare(s)
+    text = "\n".join(lines).rstrip() + "\n"
+    if readme is not None:
+        body = readme.read_text()
+        if BEGIN not in body or END not in body:
+            raise SystemExit(f"{readme}: no results markers")
+        head, rest = body.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        readme.write_text(head + BEGIN + "\n" + text + END + tail)
+    return text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("run", "report"))
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the JSON and plots")
+    ap.add_argument("--limit", type=int, help="smoke run: N problems per task and tiny sizes everywhere")
+    ap.add_argument("--eval-limit", type=int, help="at most N problems per accuracy task (the rest full size)")
+    ap.add_argument("--only", help="comma list of steps (" + ", ".join(STEPS) + ")")
+    ap.add_argument("--redo", default="", help="comma list of steps to run again")
+    ap.add_argument("--readme", type=Path, default=None, help="README to update (default: the repository's, "
+                    "only when --out is bench/results)")
+    a = ap.parse_args(argv)
+    global EVAL_LIMIT
+    EVAL_LIMIT = a.eval_limit
+    readme = a.readme or (ROOT / "README.md" if a.out.resolve() == RESULTS.resolve() else None)
+    if a.what == "run":
+        run(a.out, a.limit, a.only.split(",") if a.only else None, [x for x in a.redo.split(",") if x])
+    print(report(a.out, readme))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
