@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.river-edge-deps
 
-.PHONY: setup runtime test test-all demo clean
+.PHONY: setup runtime test test-all demo results clean
 
 setup: runtime $(STAMP)
 
@@ -33,6 +33,11 @@ test-all: setup
 
 demo: setup
 	$(VENV)/bin/river demo
+
+# Every measurement behind the README's Results section (resumable; hours on 2 cores), then the section
+# itself. `make results LIMIT=2` is a smoke run into /tmp/river-results (minutes); EVAL_LIMIT caps problems.
+results: setup
+	$(PY) bench/results.py run $(if $(LIMIT),--limit $(LIMIT) --out /tmp/river-results) $(if $(EVAL_LIMIT),--eval-limit $(EVAL_LIMIT))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

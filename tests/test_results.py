@@ -1,0 +1,55 @@
+"""bench/results.py's report logic: which river configurations plain quantization dominates, and the
+README section written between its markers from the JSON."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("results", Path(__file__).parents[1] / "bench" / "results.py")
+R = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(R)
+
+
+def cfg(speed, kl, agree=0.9, **kw):
+    return dict(speed_ratio=speed, kl=kl, agreement=agree, perplexity=10.0, decode_tok_s=speed * 10, **kw)
+
+
+def quality(shipped=None):
+    return {"model": "m", "n_layer": 4, "texts": ["gsm8k"], "positions": 10, "shipped_type": shipped,
+            "configs": {"backbone": cfg(1.0, 0.0, 1.0, mean_depth=4.0), "q4_1": cfg(3.0, 0.001),
+                        "q8_0": cfg(1.4, 0.002), "river": cfg(1.3, 0.05, mean_depth=2.0, hist=[0, 0, 5, 0, 5]),
+                        "fast": cfg(2.0, 0.2, mean_depth=0.0)}}
+
+
+def test_dominance_names_the_plain_type_that_is_faster_and_closer():
+    lines = R._dominance(quality())
+    river = next(x for x in lines if "**river**" in x)
+    assert "dominated by plain Q4_1" in river  # Q8_0 and Q4_1 both beat it; the closer one is named
+    assert "dominated by plain Q4_1" in next(x for x in lines if "**fast**" in x)
+    lines = R._dominance(dict(quality(), configs={**quality()["configs"], "q4_1": cfg(3.0, 0.06)}))
+    assert "dominated by plain Q8_0" in next(x for x in lines if "**river**" in x)
+
+
+def test_the_shipped_type_is_not_a_fair_point():
+    lines = R._dominance(quality(shipped="q4_1"))
+    assert "not dominated" in next(x for x in lines if "**fast**" in x)  # only Q4_1 beat it
+    assert "shipped type" in "\n".join(R._quality(quality(shipped="q4_1"), None))
+
+
+def test_report_rewrites_only_the_marked_section(tmp_path):
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / f"quality_{R.SMOL}.json").write_text(json.dumps(quality()))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n## Results\n{R.BEGIN}\nold\n{R.END}\n\n## Tests\nkept\n")
+    text = R.report(out, readme)
+    body = readme.read_text()
+    assert "old" not in body and body.endswith(f"{R.END}\n\n## Tests\nkept\n") and text in body
+    assert "| river | 0.0500 | 0.900 |" in body
+    assert (out / f"pareto_{R.SMOL}.png").stat().st_size > 1000 and (out / f"depth_{R.SMOL}.png").is_file()
+    readme.write_text("no markers")
+    with pytest.raises(SystemExit, match="no results markers"):
+        R.report(out, readme)
