@@ -66,7 +66,7 @@ def step_runtime(out: Path, limit: int | None, model: str) -> dict:
 def step_quality(out: Path, limit: int | None, model: str) -> dict:
     from river_edge import quality as Q
     kw = dict(n_texts=2, max_tokens=24) if limit else dict(n_texts=8, max_tokens=160)
-    return Q.run(_river(model), list(Q.DEFAULT_CONFIGS) + ["taus"], progress=_say, **kw)
+    return Q.run(_river(model), list(Q.DEFAULT_CONFIGS) + ["taus", "gates"], progress=_say, **kw)
 
 
 EVAL_LIMIT: int | None = None   # --eval-limit: fewer problems per task, everything else full size
@@ -213,10 +213,16 @@ def _quality(q: dict, modes: dict | None) -> list[str]:
             extra = " (the shipped type: the backbone's own values)"
         out.append(f"| {c}{extra} | {max(d['kl'], 0):.4f} | {d['agreement']:.3f} | {d['perplexity']:.3f} | {depth} | "
                    f"{d['speed_ratio']:.2f} |")
+    gates = [(r, c[f"gated@{r}"], c[f"gated-random@{r}"]) for r in (0.1, 0.25, 0.5)
+             if f"gated@{r}" in (c := q["configs"]) and f"gated-random@{r}" in c]
     if modes and "exact" in modes["configs"]:
         e = modes["configs"]["exact"]
         out.append(f"| exact (from the modes benchmark) | 0 (the backbone's tokens: {e['identical_runs']}/{e['runs']} "
                    f"runs identical) | 1 | backbone's | {L}/{L} verified | {e['ratio_median']:.2f} |")
+    if gates:
+        out += ["", "Gated mode against random fallback at the same rate (online, teacher-forced): " + "; ".join(
+            f"rate {g['fallback_rate']:.2f}: KL {g['kl']:.4f} vs {gr['kl']:.4f} (random at {gr['fallback_rate']:.2f}), "
+            f"top-1 {g['agreement']:.3f} vs {gr['agreement']:.3f}" for r, g, gr in gates) + "."]
     return out + [""]
 
 

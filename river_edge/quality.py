@@ -14,6 +14,9 @@ first. Configurations:
   fast            all-river (the river head when the GGUF has one)
   gated           all-river, re-decoded on the backbone where the river's entropy >= the GGUF's gate
   gated-random    all-river, re-decoded on the backbone at random with gated's fallback rate
+  gated@R         the gate set to fall back on a share R of tokens (the (1-R) quantile of the all-river
+                  entropies measured by `fast`), and gated-random@R at the rate gated@R reached;
+                  `gates` expands to R = 0.1, 0.25, 0.5 (the knob's range, next to random at each rate)
 The exact mode is absent on purpose: its tokens are the backbone's (tests and `river bench --mode` check
 that they are identical), so its distribution is the backbone's.
 """
@@ -32,6 +35,7 @@ import numpy as np
 from .format import RiverError
 
 PLAIN = ("q4_0", "q4_1", "q5_1", "q8_0")
+GATE_RATES = (0.1, 0.25, 0.5)
 DEFAULT_CONFIGS = ("backbone", *PLAIN, "river", "random", "fast", "gated", "gated-random")
 Progress = Callable[[str, int, int], None]
 
@@ -108,9 +112,12 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     say = progress or (lambda *a: None)
     river_path = Path(river_path)
     configs = list(dict.fromkeys(["backbone", *configs]))
-    bad = [c for c in configs if c not in DEFAULT_CONFIGS and not c.startswith("tau=") and c != "taus"]
+    if "gates" in configs:
+        configs = [c for c in configs if c != "gates"] + [f"{g}@{r}" for r in GATE_RATES for g in ("gated", "gated-random")]
+    bad = [c for c in configs if c not in DEFAULT_CONFIGS and c != "taus" and not c.startswith(("tau=", "gated@", "gated-random@"))]
     if bad:
-        raise RiverError(f"unknown configuration {bad[0]!r}: use {', '.join(DEFAULT_CONFIGS)}, tau=X or taus")
+        raise RiverError(f"unknown configuration {bad[0]!r}: use {', '.join(DEFAULT_CONFIGS)}, tau=X, taus, "
+                         "gated@R, gated-random@R or gates")
     files, notes = B.prepare_files(river_path, say, plain=tuple(c for c in configs if c in PLAIN))
     L = notes["n_layer"]
     rng = random.Random(seed)
@@ -211,19 +218,31 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
             extra = _depth(llm.exit_histogram(), L)
         elif c == "fast":
             llm.forced_exit = -1
-            sc = teacher_force(llm, plain_step, ref)
-            extra = {"mean_depth": 0.0}
-        elif c in ("gated", "gated-random"):
-            if c == "gated-random" and "gated" not in out:
-                raise RiverError("gated-random needs gated first (its fallback rate)")
-            rate = out["gated"]["fallback_rate"] if c == "gated-random" else None
+            entropies = []
+
+            def fast_step(m, tok):
+                m.eval([tok])
+                lg = m.last_logits()
+                entropies.append(_entropy(lg))
+                return lg
+            sc = teacher_force(llm, fast_step, ref)
+            extra = {"mean_depth": 0.0, "entropy_quantiles": np.quantile(entropies, [0.5, 0.75, 0.9]).tolist()}
+        elif c.startswith(("gated", "gated-random")):
+            base, _, r = c.partition("@")
+            twin = "gated" + (f"@{r}" if r else "")
+            if base == "gated-random" and twin not in out:
+                raise RiverError(f"{c} needs {twin} first (its fallback rate)")
+            if base == "gated" and r and "fast" not in out:
+                raise RiverError(f"{c} needs fast first (the all-river entropies)")
+            rate = out[twin]["fallback_rate"] if base == "gated-random" else None
+            gate_c = float(np.quantile(entropies, 1 - float(r))) if base == "gated" and r else gate
             fb = [0]
 
             def gated_step(m, tok):
                 m.forced_exit = -1
                 m.eval([tok])
                 lg = m.last_logits()
-                if (rng.random() < rate) if rate is not None else _entropy(lg) >= gate:
+                if (rng.random() < rate) if rate is not None else _entropy(lg) >= gate_c:
                     m.n_tokens -= 1          # eval() removes the river's cell before the backbone writes it
                     m.forced_exit = L - 1
                     m.eval([tok])
@@ -232,7 +251,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
                 return lg
             sc = teacher_force(llm, gated_step, ref)
             llm.forced_exit = None
-            extra = {"fallback_rate": fb[0] / max(len(sc.nll), 1), "gate_entropy": gate}
+            extra = {"fallback_rate": fb[0] / max(len(sc.nll), 1), "gate_entropy": gate_c if rate is None else None}
             extra["mean_depth"] = extra["fallback_rate"] * L
         out[c] = dict(sc.result(), **extra)
     llm.close()

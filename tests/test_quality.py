@@ -28,7 +28,7 @@ def test_held_out_texts_alternate_sources():
 
 
 def test_every_configuration_against_the_backbone(river_copy):
-    res = Q.run(river_copy, ["q4_0", "q8_0", "river", "random", "fast", "gated", "gated-random", "taus"],
+    res = Q.run(river_copy, ["q4_0", "q8_0", "river", "random", "fast", "gated", "gated-random", "taus", "gates"],
                 n_texts=2, max_tokens=20, threads=1)
     c, L = res["configs"], res["n_layer"]
     assert res["positions"] == 2 * 19  # 2 texts of 20 tokens: 19 next-token predictions each
@@ -47,6 +47,11 @@ def test_every_configuration_against_the_backbone(river_copy):
     assert 0 <= g["fallback_rate"] <= 1
     if g["fallback_rate"] == 1:
         assert g["kl"] < 1e-6 and c["gated-random"]["kl"] < 1e-6
+    # the gate sweep: falling back on about the asked share of tokens, next to random at the reached rate
+    for r in Q.GATE_RATES:
+        g, gr = c[f"gated@{r}"], c[f"gated-random@{r}"]
+        assert abs(g["fallback_rate"] - r) < 0.3 and g["kl"] <= c["fast"]["kl"] + 1e-6
+        assert abs(gr["fallback_rate"] - g["fallback_rate"]) < 0.35 and gr["gate_entropy"] is None
     taus = [k for k in c if k.startswith("tau=")]
     assert taus and res["taus"] == sorted(res["taus"])
     depths = [c[k]["mean_depth"] for k in taus]
