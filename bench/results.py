@@ -244,6 +244,39 @@ def _dominance(q: dict) -> list[str]:
     return out
 
 
+def _why(q: dict, cal: dict | None, modes: dict | None, lr: dict | None) -> list[str]:
+    """Why plain quantization wins where it does, in numbers from the same JSON."""
+    c, L = q["configs"], q["n_layer"]
+    out = []
+    if "river" in c:
+        d = c["river"]["mean_depth"]
+        out.append(f"- Depth: the calibrated rule runs {d:.1f} of {L} backbone layers per token on this text, so "
+                   f"{1 - d / L:.0%} of the layer work is on the 4-bit river, yet every token still pays the rest.")
+    if "fast" in c and "q4_0" in c:
+        out.append(f"- The river's own error: all-river (every layer and the head 4-bit) costs KL {c['fast']['kl']:.4f} "
+                   f"where plain Q4_0 costs {c['q4_0']['kl']:.4f}: the river is a second rounding of weights that "
+                   "are already an upcast of the shipped quantization.")
+    if cal and "fast" in c:
+        ar = cal["test"]["all_river"]["kl"]
+        out.append(f"- KV pollution: with a clean cache (calibration: the river reads backbone-written K/V) all-river "
+                   f"costs KL {ar:.4f} on the calibration prompts; online, its own K/V feeding later tokens, "
+                   f"{c['fast']['kl']:.4f} on the held-out text.")
+    if lr and "river" in lr["long"]["modes"]:
+        d = lr["long"]["modes"]["river"]
+        out.append(f"- Along a {lr['long']['n_tokens']}-token generation the rule's KL goes from "
+                   f"{d['kl_first_quarter']:.4f} (first quarter) to {d['kl_last_quarter']:.4f} (last quarter).")
+    if q.get("head_share") is not None:
+        out.append(f"- The LM head: any exit >= 0 keeps the backbone's F16 head, {q['head_share']:.0%} of a backbone "
+                   "step's weight bytes, read in full by every token however early it exits (plain Q4_0 reads a "
+                   "Q6_K head; all-river and drafts read the river's Q4_0 head).")
+    if modes:
+        fm = {k: v["file_mib"] for k, v in modes["configs"].items()}
+        if "q4_0" in fm:
+            out.append(f"- Memory: the river GGUF holds both weight sets, {fm['backbone']:.0f} MiB against "
+                       f"{fm['q4_0']:.0f} MiB for plain Q4_0.")
+    return out
+
+
 def _eval(evals: dict[str, dict]) -> list[str]:
     if not evals:
         return []
@@ -388,7 +421,8 @@ def report(out: Path, readme: Path) -> str:
             pareto(q, modes, out / f"pareto_{model}.png")
             depth_hist(q, out / f"depth_{model}.png")
             lines += ["Where plain quantization dominates a lossy river configuration (faster and closer to the "
-                      "backbone on the same text), in plain words:", ""] + _dominance(q) + [""]
+                      "backbone on the same text), in plain words:", ""] + _dominance(q) + ["", "Why:", ""]
+            lines += _why(q, _load(out, f"calibration_{model}"), modes, _load(out, f"longrun_{model}")) + [""]
         if r := _load(out, f"runtime_{model}"):
             lines += _runtime(r)
         if lr := _load(out, f"longrun_{model}"):

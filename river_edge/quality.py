@@ -259,11 +259,23 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
         d["speed_ratio"] = d["decode_tok_s"] / out["backbone"]["decode_tok_s"]
     say("done", len(configs), len(configs))
     return {"kind": "quality", "model": B._stem(river_path), "river_gguf": str(river_path),
-            "shipped_type": _shipped_type(notes.get("source_file")),
+            "shipped_type": _shipped_type(notes.get("source_file")), "head_share": _head_share(river_path),
             "weights": B.weights_note(notes), "notes": notes, "n_layer": L, "threads": threads,
             "texts": [s for s, _ in texts], "max_tokens": max_tokens, "positions": out["backbone"]["positions"],
             "gguf_thresholds": gguf_tau, "taus": ref_tau, "gate_entropy": gate, "seed": seed,
             "elapsed_s": time.time() - t0, "configs": out}
+
+
+def _head_share(path: Path) -> float:
+    """Bytes of the backbone's LM head over those of a backbone decode step (layers + head): what a token
+    that exits early still reads in full, since any exit >= 0 keeps the backbone's head."""
+    from .gguf_tools.reader import open_gguf
+
+    r = open_gguf(path)
+    by = {t.name: int(t.n_bytes) for t in r.tensors}
+    head = by.get("output.weight", by.get("token_embd.weight", 0))
+    layers = sum(n for k, n in by.items() if k.startswith("blk."))
+    return head / (layers + head)
 
 
 def _shipped_type(base: str | None) -> str | None:
