@@ -9,7 +9,9 @@ Configurations (the river GGUF is loaded once; its controls switch without reloa
 - backbone:   the river GGUF with the river off (the stock graph; F16 when built with the defaults)
 - plain-f16:  the river GGUF's backbone as a plain file (`plain(river, "backbone")`), stock llama.cpp
 - river:      the river on at the GGUF's own calibrated thresholds and min exit layer
-- all-river:  forced exit -1 (every layer on the river)
+- all-river:  forced exit -1 (every layer on the river), with the backbone's head (the paper's all-river,
+              and the sweep's end point: every exit e >= 0 keeps the backbone's head)
+- fast:       forced exit -1 with the river's own LM head when the GGUF has one (the `fast` mode, drafts)
 - q8_0, q4_0: plain full quantization (`plain(base, type)`) of the base model the river was built from
 - exit@e:     forced exit after backbone layer e, e in (0, L/4, L/2, 3L/4, L-1): the sweep
 
@@ -72,6 +74,7 @@ class Config:
     file: str               # "river" (the river GGUF), "plain-f16", "q8_0", "q4_0"
     river: bool = False     # the river graph on (river GGUF only)
     forced: int | None = None  # forced exit layer; None: the calibrated rule
+    head: bool = False      # all-river ubatches use the river's LM head (if the GGUF has one)
     sweep: bool = False
     label: str = ""
 
@@ -82,7 +85,8 @@ def configs(n_layer: int, sweep: bool = True) -> list[Config]:
         Config("backbone", "river", label="backbone (river GGUF, river off)"),
         Config("plain-f16", "plain-f16", label="backbone as a plain file"),
         Config("river", "river", river=True, label="river, calibrated thresholds"),
-        Config("all-river", "river", river=True, forced=-1, label="all-river (forced -1)"),
+        Config("all-river", "river", river=True, forced=-1, label="all-river (forced -1), backbone head"),
+        Config("fast", "river", river=True, forced=-1, head=True, label="fast: all-river with the river head"),
         Config("q8_0", "q8_0", label="plain Q8_0"),
         Config("q4_0", "q4_0", label="plain Q4_0"),
     ]
@@ -231,6 +235,8 @@ def _apply(m, c: Config) -> None:
     m.river_enabled = c.river
     if c.river:
         m.forced_exit = c.forced
+    if m.has_river_head:
+        m.river_head = c.head
 
 
 def _decode(m, c: Config, prompt: list[int], n: int) -> dict:
