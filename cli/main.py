@@ -480,6 +480,9 @@ def chat(
         "--mode", case_sensitive=False, show_default="river (backbone for a GGUF without a river)",
         help="Decoding mode: exact (river drafts, backbone verifies: the backbone's output), gated "
              "(backbone where the river is unsure), river (the exit rule), fast (all river), backbone.")] = None,
+    gate: Annotated[Optional[float], typer.Option(
+        "--gate", min=0.0, callback=_finite, show_default="the GGUF's river.gate_entropy",
+        help="Gated mode: re-decode on the backbone where the river's output entropy (nats) is at least this.")] = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
     prompt: Annotated[Optional[str], typer.Option(
         "--prompt", "-p", help="Answer this one message and exit (scripts, `make demo`).")] = None,
@@ -506,11 +509,13 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
         raise typer.BadParameter("--tau has no effect with --no-river", param_hint="'--tau'")
     if mode is not None and no_river:
         raise typer.BadParameter("give --mode or --no-river, not both", param_hint="'--mode'")
+    if gate is not None and (mode is None or mode.value != "gated"):
+        raise typer.BadParameter("--gate needs --mode gated", param_hint="'--gate'")
     with _cache(cache_dir):
         with Bars() as bars:
             path = _model_path(model, bars)
     llm = load(path, tau=tau, river=not no_river, threads=threads, n_ctx=ctx, seed=seed,
-               mode=mode.value if mode is not None else None)
+               mode=mode.value if mode is not None else None, **({"gate": gate} if gate is not None else {}))
     if tau is not None and not llm.has_river:
         _fail(f"{path}: --tau needs a river GGUF (this one has no river)")
     session = Chat(llm, out=sys.stdout, system=system, max_tokens=max_tokens, color=color_depth,

@@ -85,6 +85,16 @@ def test_cli_prompt_one_turn(tiny_llama):
     assert "tokens," in r.stdout and "tok/s, backbone depth" in r.stdout
 
 
+def test_cli_gate(tiny_llama):
+    """--gate 0: every position falls back to the backbone (the backbone's answer); a huge gate never does
+    (river tokens after a backbone prefill), which differs on this prompt: the option reaches the loop."""
+    def answer(*a):
+        return run("chat", tiny_llama, *a, "-p", "What is 2 plus 2?", "-n", "16", "--temp", "0").stdout.splitlines()[0]
+    backbone = answer("--mode", "backbone")
+    assert answer("--mode", "gated", "--gate", "0") == backbone
+    assert answer("--mode", "gated", "--gate", "1e9") != backbone
+
+
 def test_cli_pipe_and_color(tiny_llama):
     r = run("chat", tiny_llama, "-n", "4", "--tau", "0.5", "--color-depth", "--system", "x", input="hi\n/stats\n")
     assert "\x1b[" in r.stdout and "1 answers" in r.stdout
@@ -98,5 +108,7 @@ def test_cli_errors(tiny_llama, tiny_llama_base, tmp_path):
     run("chat", tiny_llama, "--tau", "2", code=2)
     run("chat", tiny_llama, "--tau", "0.5", "--no-river", code=2)
     run("chat", tiny_llama, "--mode", "nope", code=2)
+    assert "--gate needs --mode gated" in run("chat", tiny_llama, "--gate", "1", "-p", "x", code=2).stderr
+    run("chat", tiny_llama, "--mode", "gated", "--gate", "-1", "-p", "x", code=2)
     r = run("chat", tiny_llama_base, "--tau", "0.5", "-p", "x", code=1)
     assert "river" in r.stderr and "Traceback" not in r.stderr
