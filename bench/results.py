@@ -322,12 +322,28 @@ def _long(lr: dict, model: str) -> list[str]:
 
 def _runtime(r: dict) -> list[str]:
     c = r["configs"]
-    pk = lambda k: _x(c[k].get("peak_mib"), "{:.0f}")  # noqa: E731
+    pk = lambda k: _x((c[k].get("memory") or {}).get("peak_mib"), "{:.0f}")  # noqa: E731
     return [f"Runtime benchmark, {r['model']} (`river bench {r['model']}`): backbone {c['backbone']['decode_tps']:.1f} "
             f"tok/s; calibrated rule {c['river']['decode_ratio']:.2f}x at {c['river']['mean_depth']:.1f} layers; all-river "
-            f"{c['all-river']['decode_ratio']:.2f}x; plain Q8_0 {c['q8_0']['decode_ratio']:.2f}x; plain Q4_0 "
+            f"{c['all-river']['decode_ratio']:.2f}x with the backbone's head"
+            + (f", {c['fast']['decode_ratio']:.2f}x with the river's (fast)" if "fast" in c else "") +
+            f"; plain Q8_0 {c['q8_0']['decode_ratio']:.2f}x; plain Q4_0 "
             f"{c['q4_0']['decode_ratio']:.2f}x; prefill with the rule {c['river']['prefill_ratio']:.2f}x. Peak MiB: river "
-            f"GGUF {pk('river')}, Q8_0 {pk('q8_0')}, Q4_0 {pk('q4_0')}.", ""]
+            f"GGUF {pk('river')}, Q8_0 {pk('q8_0')}, Q4_0 {pk('q4_0')}." + _targets(r), ""]
+
+
+def _targets(r: dict) -> str:
+    t = r.get("targets", {})
+    out = []
+    if s := t.get("sweep_within_5pct_of_ideal"):
+        out.append(f"forced-exit sweep: worst point {s['worst_ratio']:.3f} x the ideal line's time (target within "
+                   f"5%: {'met' if s['met'] else 'not met'})")
+    if d := t.get("decision_share"):
+        out.append(f"exit decisions {d['value']:.2%} of the decode step ({'met' if d['met'] else 'not met'}: < 1%)")
+    if p := t.get("prefill_river_vs_backbone"):
+        out.append(f"prefill with the rule on {p['value']:.2f} of the backbone's ({'met' if p['met'] else 'not met'}: "
+                   ">= 0.97)")
+    return (" Runtime targets: " + "; ".join(out) + ".") if out else ""
 
 
 def pareto(q: dict, modes: dict | None, path: Path) -> Path:
