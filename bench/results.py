@@ -414,6 +414,15 @@ def depth_hist(q: dict, path: Path) -> Path:
     return path
 
 
+def _same_answers(jsonl: Path, a: str, b: str) -> int | str:
+    """Problems on which configurations a and b wrote the very same completion."""
+    if not jsonl.is_file():
+        return "?"
+    rows = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
+    by = {(r["config"], r["id"]): r["completion"] for r in rows}
+    return sum(1 for (c, i), text in by.items() if c == a and by.get((b, i)) == text)
+
+
 def _headline(out: Path) -> list[str]:
     """The few numbers a reader needs first, from the same JSON as the tables below."""
     h = []
@@ -443,10 +452,12 @@ def _headline(out: Path) -> list[str]:
                      f"{c['q8_0']['kl']:.4f} at {c['q8_0']['speed_ratio']:.2f}x." if "q8_0" in c else "")
     evals = {t: e for t in FULL if (e := _load(out, f"eval_{QWEN}_{t}"))}
     if evals:
-        same = all(e["configs"]["exact"]["correct"] == e["configs"]["backbone"]["correct"] for e in evals.values())
-        h.append(f"- Accuracy, {QWEN}: exact mode {'equals' if same else 'DIFFERS FROM'} the backbone on every task run ("
-                 + ", ".join(f"{t} {e['configs']['exact']['correct']}/{e['problems']} vs "
-                             f"{e['configs']['backbone']['correct']}/{e['problems']}" for t, e in evals.items()) + ").")
+        parts = []
+        for t, e in evals.items():
+            same = _same_answers(out / "eval" / Path(e["results"]).name, "exact", "backbone")
+            parts.append(f"{t}: {e['configs']['exact']['correct']}/{e['problems']} correct vs "
+                         f"{e['configs']['backbone']['correct']}/{e['problems']}, identical answers on {same}/{e['problems']}")
+        h.append(f"- Accuracy, {QWEN}, exact mode against the backbone, problem by problem: " + "; ".join(parts) + ".")
     return (["**In short:**", ""] + [x for x in h if x] + [""]) if h else []
 
 
