@@ -481,10 +481,10 @@ def report(out: Path, readme: Path) -> str:
             lines += _modes(modes)
             from river_edge import bench_modes as M
             M.figure(modes, out / f"modes_{model}.png")
-            lines += [f"![modes](results/modes_{model}.png)", ""]
+            lines += [f"![modes](bench/results/modes_{model}.png)", ""]
         if q:
             lines += _quality(q, modes)
-            lines += [f"![pareto](results/pareto_{model}.png) ![depth](results/depth_{model}.png)", ""]
+            lines += [f"![pareto](bench/results/pareto_{model}.png) ![depth](bench/results/depth_{model}.png)", ""]
             pareto(q, modes, out / f"pareto_{model}.png")
             depth_hist(q, out / f"depth_{model}.png")
             lines += ["Where plain quantization dominates a lossy river configuration (faster and closer to the "
@@ -493,16 +493,16 @@ def report(out: Path, readme: Path) -> str:
         if r := _load(out, f"runtime_{model}"):
             from river_edge import bench as B
             B.figure(r, out / f"runtime_{model}.png")
-            lines += _runtime(r) + [f"![runtime](results/runtime_{model}.png)", ""]
+            lines += _runtime(r) + [f"![runtime](bench/results/runtime_{model}.png)", ""]
         if lr := _load(out, f"longrun_{model}"):
-            lines += _long(lr, model) + [f"![longrun](results/longrun_{model}.png)", ""]
+            lines += _long(lr, model) + [f"![longrun](bench/results/longrun_{model}.png)", ""]
     evals = {t: e for t in FULL if (e := _load(out, f"eval_{QWEN}_{t}"))}
     if evals:
         lines += _eval(evals)
         pareto_accuracy(evals, out / f"pareto_accuracy_{QWEN}.png")
-        lines += [f"![accuracy](results/pareto_accuracy_{QWEN}.png)", ""]
+        lines += [f"![accuracy](bench/results/pareto_accuracy_{QWEN}.png)", ""]
     if s := _load(out, f"spec_compare_{QWEN15}"):
-        lines += _spec_compare(s) + [f"![spec_compare](results/spec_compare_{QWEN15}.png)", ""]
+        lines += _spec_compare(s) + [f"![spec_compare](bench/results/spec_compare_{QWEN15}.png)", ""]
     text = "\n".join(lines).rstrip() + "\n"
     if readme is not None:
         body = readme.read_text()
