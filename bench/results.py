@@ -313,6 +313,14 @@ def _long(lr: dict, model: str) -> list[str]:
         out.append(f"- {lo['n_tokens']}-token generation, {m}: mean KL {d['kl_mean']:.4f} (first quarter "
                    f"{d['kl_first_quarter']:.4f}, last quarter {d['kl_last_quarter']:.4f}), top-1 {d['agreement']:.3f}, "
                    f"backbone layers {d['mean_depth']:.1f}.")
+    if text := lo.get("continuation"):
+        w = text.split()
+        last = w[3 * len(w) // 4:]
+        grams = [tuple(last[i:i + 4]) for i in range(len(last) - 3)]
+        if grams:
+            out.append(f"- Read with care: the backbone's own greedy text turns repetitive (its last quarter has "
+                       f"{len(set(grams)) / len(grams):.0%} distinct word 4-grams), which makes late tokens easy for "
+                       "every mode; what the run shows is that KL does not grow along the sequence, not that it falls.")
     out.append(f"- {b['n_seq']} sequences decoded as one batch with the rule ({b['n_tokens']} tokens each): mean KL "
                f"{b['batch_kl_mean']:.4f}, top-1 {b['batch_agreement']:.3f}, backbone layers {b['batch_mean_depth']:.1f}; "
                f"each alone: KL {b['alone_kl_mean']:.4f}, top-1 {b['alone_agreement']:.3f}, layers "
