@@ -289,7 +289,9 @@ def _eval(evals: dict[str, dict]) -> list[str]:
         cells = [f"{d['accuracy']:.1%} ({d['speedup']:.2f}x, {d['mean_depth']:.1f} layers)" if d.get("speedup")
                  else f"{d['accuracy']:.1%}" for d in e["configs"].values()]
         out.append(f"| {t} ({e['problems']}, {e['max_tokens']}) | " + " | ".join(cells) + " |")
-    out += ["", "Each cell: accuracy (decode speed x backbone, mean backbone layers per decode step)."]
+    out += ["", "Each cell: accuracy (decode speed x backbone, mean backbone layers per decode step; for exact the mix "
+            "of draft steps, 0 layers, and verification batches, all layers). These runs shared the 2 cores with "
+            "other jobs at times: take speeds from the decoding-modes tables, accuracy from here."]
     return out + [""]
 
 
@@ -477,7 +479,7 @@ def report(out: Path, readme: Path) -> str:
              "ship quantized (SmolLM2-135M-Instruct Q4_1, Qwen2.5-Coder Q5_0/Q8_0/Q6_K); the backbone is their F16 "
              "upcast, the river Q4_0 re-quantized from it (with a Q4_0 copy of the LM head for all-river drafts), and "
              "plain Q4_0/Q4_1/Q5_1/Q8_0 are the shipped models re-quantized with ggml. Regenerate with "
-             "`make results` (all measurements, resumable, a few hours) or `python bench/results.py report` (this "
+             "`make results` (all measurements, resumable; at full accuracy-set sizes about 9 hours on 2 cores, the accuracy runs shown are subsets: see their problem counts) or `python bench/results.py report` (this "
              "text and the plots, from `bench/results/*.json`).", ""]
     lines += _headline(out)
     for model in (SMOL, QWEN):
