@@ -244,10 +244,14 @@ def _dominance(q: dict) -> list[str]:
     return out
 
 
-def _why(q: dict, cal: dict | None, modes: dict | None, lr: dict | None) -> list[str]:
+def _why(q: dict, cal: dict | None, modes: dict | None, lr: dict | None, rt: dict | None = None) -> list[str]:
     """Why plain quantization wins where it does, in numbers from the same JSON."""
     c, L = q["configs"], q["n_layer"]
     out = []
+    if rt and (r := rt["configs"].get("river", {}).get("ratio_to_ideal_at_depth")):
+        out.append(f"- Deciding: the rule reads the cosine after every layer it may exit at (one sync each); in the "
+                   f"runtime benchmark the calibrated rule ran at {1 / r:.2f} of the speed its depth alone would give "
+                   f"({rt['configs']['river']['decode_ratio']:.2f}x the backbone).")
     if "river" in c:
         d = c["river"]["mean_depth"]
         out.append(f"- Depth: the calibrated rule runs {d:.1f} of {L} backbone layers per token on this text, so "
@@ -499,7 +503,8 @@ def report(out: Path, readme: Path) -> str:
             depth_hist(q, out / f"depth_{model}.png")
             lines += ["Where plain quantization dominates a lossy river configuration (faster and closer to the "
                       "backbone on the same text), in plain words:", ""] + _dominance(q) + ["", "Why:", ""]
-            lines += _why(q, _load(out, f"calibration_{model}"), modes, _load(out, f"longrun_{model}")) + [""]
+            lines += _why(q, _load(out, f"calibration_{model}"), modes, _load(out, f"longrun_{model}"),
+                          _load(out, f"runtime_{model}")) + [""]
         if r := _load(out, f"runtime_{model}"):
             from river_edge import bench as B
             B.figure(r, out / f"runtime_{model}.png")
