@@ -176,19 +176,10 @@ def _modes(m: dict) -> list[str]:
            f"{m['threads']} threads, load {m['load_before']['loadavg_1_5_15'][0]}):", "",
            "| config | tok/s | x backbone (median) | min-max | runs identical to backbone | notes |",
            "|---|---|---|---|---|---|"]
-    L = m["notes"]["n_layer"]
+    from river_edge.bench_modes import note
     for c, d in m["configs"].items():
-        note = ""
-        if d.get("acceptance_rate") is not None:
-            note = f"acceptance {d['acceptance_rate']:.2f}, {d['tokens_per_cycle']:.1f} tokens per cycle"
-        elif "fallback_rate" in d:
-            note = f"fallback rate {d['fallback_rate']:.2f}"
-        elif "mean_depth" in d:
-            note = f"backbone layers {d['mean_depth']:.1f}/{L}"
-        elif c in ("q8_0", "q4_0"):
-            note = f"plain file {d['file_mib']:.0f} MiB (river GGUF {m['configs']['backbone']['file_mib']:.0f})"
         out.append(f"| {c} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f} | {d['ratio_min']:.2f}-{d['ratio_max']:.2f} "
-                   f"| {d['identical_runs']}/{d['runs']} | {note} |")
+                   f"| {d['identical_runs']}/{d['runs']} | {note(c, d, m)} |")
     ex = m["configs"].get("exact", {}).get("cost_model")
     if ex:
         v = ex["verify_ms_used"]

@@ -141,23 +141,27 @@ def _telemetry(c: str, sts: list[dict], n_layer: int) -> dict:
     return {}
 
 
+def note(c: str, d: dict, res: dict) -> str:
+    """The telemetry worth a word for configuration c: acceptance, fallback rate, depth or file size."""
+    if d.get("acceptance_rate") is not None:
+        return f"acceptance {d['acceptance_rate']:.2f}, {d['tokens_per_cycle']:.1f} tokens per cycle"
+    if "fallback_rate" in d:
+        return f"fallback rate {d['fallback_rate']:.2f}"
+    if "mean_depth" in d:
+        return f"backbone layers {d['mean_depth']:.1f}/{res['notes']['n_layer']}"
+    if c in PLAIN:
+        return f"plain file {d['file_mib']:.0f} MiB (river GGUF {res['configs']['backbone']['file_mib']:.0f})"
+    return ""
+
+
 def format_table(res: dict) -> str:
     lines = [f"{res['model']}: {res['weights']}",
              f"greedy, {res['tokens']} tokens x {len(res['prompts'])} chat prompts x {res['rounds']} rounds, "
              f"{res['threads']} threads, load average {res['load_before']['loadavg_1_5_15'][0]}",
              f"{'config':10} {'tok/s':>7} {'x backbone':>10} {'(min-max)':>12} {'same as backbone':>17}  notes"]
     for c, d in res["configs"].items():
-        note = ""
-        if d.get("acceptance_rate") is not None:
-            note = f"acceptance {d['acceptance_rate']:.2f}, draft {d['mean_draft_len']:.1f}"
-        elif "fallback_rate" in d:
-            note = f"fallback {d['fallback_rate']:.2f} (gate {d['gate_entropy']:.3g} nats)"
-        elif "mean_depth" in d:
-            note = f"mean depth {d['mean_depth']:.1f}/{res['notes']['n_layer']}"
-        elif c in PLAIN:
-            note = f"plain {c.upper()} file, {d['file_mib']:.0f} MiB"
         lines.append(f"{c:10} {d['tok_s_median']:7.1f} {d['ratio_median']:9.2f}x {d['ratio_min']:5.2f}-{d['ratio_max']:<5.2f} "
-                     f"{d['identical_runs']:>5}/{d['runs']} runs ({d['common_prefix_mean']:.0f} tok)  {note}")
+                     f"{d['identical_runs']:>5}/{d['runs']} runs ({d['common_prefix_mean']:.0f} tok)  {note(c, d, res)}")
     return "\n".join(lines)
 
 

@@ -133,11 +133,10 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
 
     def teacher_force(m, step, scorer_ref, keep=None):
         """step(m, tok) decodes one token and returns its logits."""
-        sc, per_text = _Scorer(scorer_ref, keep), []
+        sc = _Scorer(scorer_ref, keep)
         i = 0
         for t in toks:
             m.reset()
-            n0 = len(sc.nll)
             for j in range(len(t) - 1):
                 t0 = time.perf_counter()
                 lg = step(m, t[j])
@@ -146,7 +145,6 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
                     sc.timed += 1
                 sc.add(i, lg, t[j + 1])
                 i += 1
-            per_text.append(len(sc.nll) - n0)
         return sc
 
     def plain_step(m, tok):
