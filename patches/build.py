@@ -2,8 +2,8 @@
 """Build llama-cpp-python 0.3.36 with the river patch series applied, cache the wheel, install it.
 
 The wheel is cached under $RIVER_EDGE_CACHE (default ~/.cache/river-edge) keyed by the hash of the
-series, the build flags and the CPU, so an unchanged series reinstalls in seconds and an installed
-build that already matches does nothing at all.
+series, the build flags, the compilers and the CPU (GGML_NATIVE builds for this CPU's ISA), so an
+unchanged series reinstalls in seconds and an installed build that already matches does nothing at all.
 """
 from __future__ import annotations
 
@@ -51,9 +51,22 @@ def cpu_tag() -> str:
     return f"{platform.machine()}:{flags}"
 
 
+def compilers() -> str:
+    """The C and C++ compilers CMake will pick, by their version lines: another compiler, another binary."""
+    out = []
+    for var, default in (("CC", "cc"), ("CXX", "c++")):
+        exe = os.environ.get(var, default)
+        try:
+            r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+            out.append(f"{exe}: {r.stdout.splitlines()[0] if r.stdout else r.returncode}")
+        except (OSError, subprocess.TimeoutExpired):
+            out.append(f"{exe}: missing")
+    return "\n".join(out)
+
+
 def series_hash(extra_cmake: list[str]) -> str:
     h = hashlib.sha256()
-    h.update(f"{VERSION}\n{sys.version_info[:2]}\n{cpu_tag()}\n".encode())
+    h.update(f"{VERSION}\n{sys.version_info[:2]}\n{cpu_tag()}\n{compilers()}\n".encode())
     h.update(" ".join(CMAKE_ARGS + extra_cmake).encode())
     for p in series():
         h.update(p.name.encode() + b"\0" + p.read_bytes())
