@@ -1,6 +1,8 @@
 """Build a river GGUF from a base GGUF (gguf_tools/FORMAT.md), and rewrite its river.* keys."""
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import math
 import os
@@ -168,13 +170,32 @@ class _Writer(GGUFWriter):
         return super()._pack_val(val, vtype, add_vtype, sub_type)
 
 
+def _sweep_parts(dst: Path) -> None:
+    """Remove the temporary files of earlier writes of `dst` whose process is gone (a killed build leaves
+    hundreds of MB behind); the writer's pid is in the name, so a concurrent live write is left alone."""
+    for part in dst.parent.glob(f".{glob.escape(dst.name)}.*.part"):
+        pid = part.name[len(dst.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue          # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue          # someone else's live process
+        with contextlib.suppress(OSError):
+            part.unlink()
+
+
 def _write(dst: Path, arch: str, kv: list[tuple], tensors: list[_Tensor], progress: Progress | None) -> None:
     """Write a GGUF to a temporary file beside `dst`, then rename it over `dst` (never half a file).
 
     Tensor infos go out first and the data one tensor at a time, so at most one converted tensor
     (plus its float32 copy) is in memory at once.
     """
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".part")
+    _sweep_parts(dst)
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.{os.getpid()}.", suffix=".part")
     os.close(fd)
     try:
         w = _Writer(tmp, arch)

@@ -6,11 +6,46 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from gguf import GGUFValueType
+
 from river_edge import format as F
 from river_edge.format import RiverError
 
 from . import quant
 from .reader import ggml_shape, open_gguf, value
+
+
+def _typed(r, key: str, *allowed: tuple[GGUFValueType, ...]):
+    """The key's value if stored with one of the allowed GGUF types ((array, element) for arrays), None if
+    absent; RiverError naming the stored type otherwise."""
+    f = r.fields.get(key)
+    if f is None:
+        return None
+    got = (GGUFValueType(int(f.types[0])),)
+    if got[0] == GGUFValueType.ARRAY:
+        got += (GGUFValueType(int(f.parts[3][0])),)
+    if got not in allowed:
+        name = lambda ts: " of ".join(t.name.lower() for t in ts)  # noqa: E731
+        raise RiverError(f"{key} must be {name(allowed[0])}, not {name(got)}")
+    return value(r, key)
+
+
+def _key_problems(r, n_layer: int) -> list[str]:
+    """The exit keys checked by format.py's rules (the loader's and the setters' rules)."""
+    out = []
+    checks = (
+        (F.KEY_THRESHOLDS, [(GGUFValueType.ARRAY, GGUFValueType.FLOAT32)], lambda v, k: F.check_thresholds(v, n_layer, k)),
+        (F.KEY_MIN_EXIT, [(GGUFValueType.UINT32,), (GGUFValueType.INT32,)], lambda v, k: F.check_min_exit_layer(v, n_layer, k)),
+        (F.KEY_GATE, [(GGUFValueType.FLOAT32,)], F.check_gate),
+    )
+    for key, types, check in checks:
+        try:
+            v = _typed(r, key, *types)
+            if v is not None:
+                check(v, key)
+        except RiverError as e:
+            out.append(str(e))
+    return out
 
 
 def _problems(r, path: Path, require_river: bool) -> list[str]:
@@ -26,9 +61,10 @@ def _problems(r, path: Path, require_river: bool) -> list[str]:
         return [f"{path}: no river tensors (a base model? build it with `river build`)"] if require_river else []
 
     out: list[str] = []
-    version = value(r, F.KEY_VERSION)
-    if version != F.FORMAT_VERSION:
-        return [f"{path}: unknown {F.KEY_VERSION} {version!r} (this river-edge reads {F.FORMAT_VERSION})"]
+    try:
+        F.check_version(value(r, F.KEY_VERSION))
+    except RiverError as e:
+        return [f"{path}: {e}"]
     for key in (F.KEY_TYPE, F.KEY_LAYER_TYPES, F.KEY_BACKBONE_TYPE, F.KEY_THRESHOLDS, F.KEY_MIN_EXIT, F.KEY_CALIBRATED):
         if key not in r.fields:
             out.append(f"{path}: key {key} is missing")
@@ -44,15 +80,7 @@ def _problems(r, path: Path, require_river: bool) -> list[str]:
         out.append(f"{path}: {F.KEY_TYPE} is unknown river type {rt!r}")
     if (bb := value(r, F.KEY_BACKBONE_TYPE)) is not None and bb not in F.BACKBONE_TYPES:
         out.append(f"{path}: {F.KEY_BACKBONE_TYPE} is unknown backbone type {bb!r}")
-    th = value(r, F.KEY_THRESHOLDS)
-    if th is not None:
-        if not isinstance(th, list) or len(th) != n_layer:
-            out.append(f"{path}: {F.KEY_THRESHOLDS} has {len(th) if isinstance(th, list) else '?'} values, the model {n_layer} layers")
-        elif any(not isinstance(x, float) or math.isnan(x) for x in th):
-            out.append(f"{path}: {F.KEY_THRESHOLDS} holds NaN")
-    me = value(r, F.KEY_MIN_EXIT)
-    if me is not None and not (isinstance(me, int) and 0 <= me < n_layer):
-        out.append(f"{path}: {F.KEY_MIN_EXIT} {me!r} out of range 0..{n_layer - 1}")
+    out += [f"{path}: {e}" for e in _key_problems(r, n_layer)]
 
     expected = set()
     for i in range(n_layer):
@@ -166,9 +194,13 @@ def format_report(info: dict[str, Any]) -> str:
         lines.append(f"river     format {info['format_version']}, default {info['river_type']}, layers {_counts(lt)}; "
                      f"{_mib(info['river_bytes'])}, {info['river_bpw']:.2f} bits/weight"
                      + (f"; drafting head {info['river_head_type']}" if info["river_head_type"] else "; no drafting head"))
-        th = info["thresholds"] or []
-        shown = "all +inf (never exits)" if th and all(math.isinf(x) and x > 0 for x in th) else \
-            " ".join(f"{x:.4g}" for x in th)
+        th = info["thresholds"]
+        if not isinstance(th, list) or not all(isinstance(x, float) for x in th):
+            shown = f"unreadable ({type(th).__name__})" if th is not None else "none"
+        elif th and all(math.isinf(x) and x > 0 for x in th):
+            shown = "all +inf (never exits)"
+        else:
+            shown = " ".join(f"{x:.4g}" for x in th)
         lines.append(f"exit      min_exit_layer {info['min_exit_layer']}, calibrated {'yes' if info['calibrated'] else 'no'}, "
                      f"thresholds {shown}")
         lines.append(f"made by   river-edge {info['tool_version']} from sha256 {(info['source_sha256'] or '?')[:16]}..."

@@ -1,6 +1,8 @@
 """Opening GGUF files with gguf-py's reader, its exceptions turned into one-line RiverErrors."""
 from __future__ import annotations
 
+import mmap
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ def open_gguf(path: str | Path) -> GGUFReader:
         head = f.read(4)
     if len(head) < 4 or int.from_bytes(head, "little") != GGUF_MAGIC:
         raise RiverError(f"{p}: not a GGUF file (bad magic)")
+    _check_lengths(p)
     try:
         r = GGUFReader(p)
     except Exception as e:  # gguf-py reads past the end of a short file as IndexError, ValueError, ...
@@ -30,6 +33,74 @@ def open_gguf(path: str | Path) -> GGUFReader:
         if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
             raise RiverError(f"{p}: truncated GGUF (tensor {t.name} runs past the end of the file)")
     return r
+
+
+# Sizes of GGUF's fixed-size value types (GGUFValueType order); 8 = string and 9 = array are walked.
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _check_lengths(p: Path) -> None:
+    """Walk the header and refuse any count or length that claims more bytes than the file holds.
+
+    gguf-py allocates what the header claims before reading it, so a 200-byte file claiming an array of
+    2^40 elements would make it allocate without bound; here every claim is checked against the file size.
+    """
+    size = p.stat().st_size
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        pos = 4
+
+        def take(n: int, what: str) -> int:
+            nonlocal pos
+            if n < 0 or pos + n > size:
+                raise RiverError(f"{p}: truncated or corrupt GGUF ({what} claims {n} bytes at offset {pos}, "
+                                 f"the file has {size})")
+            pos += n
+            return pos - n
+
+        def u32(what: str) -> int:
+            return struct.unpack_from("<I", m, take(4, what))[0]
+
+        def u64(what: str) -> int:
+            return struct.unpack_from("<Q", m, take(8, what))[0]
+
+        def string(what: str) -> str:
+            n = u64(what)
+            return bytes(m[take(n, what):pos]).decode("utf-8", "replace")
+
+        version = u32("version")
+        if version < 2:
+            return  # GGUF v1 (32-bit counts): gguf-py refuses it with its own message
+        n_tensors, n_kv = u64("tensor count"), u64("key count")
+        take(n_kv * 12, f"{n_kv} keys")          # each at least a length and a type
+        pos -= n_kv * 12
+        for _ in range(n_kv):
+            key = string("a key name")
+            vt = u32(f"key {key}")
+            if vt == 9:
+                st, n = u32(f"key {key}"), u64(f"key {key}")
+                if st == 8:
+                    take(n * 8, f"key {key} ({n} strings)")
+                    pos -= n * 8
+                    for _ in range(n):
+                        take(u64(f"key {key}"), f"key {key}")
+                elif st in _FIXED:
+                    take(n * _FIXED[st], f"key {key} ({n} elements)")
+                else:
+                    raise RiverError(f"{p}: truncated or corrupt GGUF (key {key}: array of unknown type {st})")
+            elif vt == 8:
+                string(f"key {key}")
+            elif vt in _FIXED:
+                take(_FIXED[vt], f"key {key}")
+            else:
+                raise RiverError(f"{p}: truncated or corrupt GGUF (key {key}: unknown type {vt})")
+        take(n_tensors * 24, f"{n_tensors} tensors")  # name length, n_dims, type, offset at least
+        pos -= n_tensors * 24
+        for _ in range(n_tensors):
+            name = string("a tensor name")
+            nd = u32(f"tensor {name}")
+            if nd > 4:
+                raise RiverError(f"{p}: truncated or corrupt GGUF (tensor {name} has {nd} dimensions)")
+            take(8 * nd + 12, f"tensor {name}")
 
 
 def value(r: GGUFReader, key: str, default: Any = None) -> Any:

@@ -223,7 +223,9 @@ def candidates(tr: Trace, rule: str, min_exit: Sequence[int]):
                 tau = np.full(L, np.quantile(tr.sims[:, m:L - 1], q))
             tau = tau.astype(np.float32)
             if q == 0:
-                tau[:] = -1.0  # exit at m whatever the similarity (the lowest quantile itself is no "over")
+                # exit at m whatever the similarity (the lowest quantile itself is no "over"): 0, the lowest
+                # threshold the format allows, as a residual layer never turns its state by 90 degrees
+                tau[:] = 0.0
             tau[:m] = np.inf
             tau[L - 1] = np.inf
             yield tau, m, float(q)

@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import format as F
 from .format import RiverError
 
 Progress = Callable[[str, int, int], None]
@@ -413,8 +414,10 @@ def check_configs(configs: Sequence[str], has_river: bool) -> list[str]:
                     x = float(c[4:])
                 except ValueError:
                     raise RiverError(f"configuration {c!r}: tau must be a number") from None
-                if not -1.0 <= x <= 1.0:
-                    raise RiverError(f"configuration {c!r}: tau must be in [-1, 1]")
+                try:
+                    F.check_threshold(x, "tau")
+                except RiverError as e:
+                    raise RiverError(f"configuration {c!r}: {e}") from None
         else:
             raise RiverError(f"unknown configuration {c!r}: use backbone, river, tau=X, {', '.join(MODES)} "
                              f"or a quantization type ({', '.join(_plain_types())})")

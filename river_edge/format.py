@@ -1,4 +1,7 @@
-"""Names of the river GGUF format (gguf_tools/FORMAT.md); the patched runtime uses the same strings."""
+"""Names of the river GGUF format (gguf_tools/FORMAT.md) and the rules for its values; the patched runtime uses
+the same strings and rules."""
+
+import math
 
 FORMAT_VERSION = 1
 
@@ -45,3 +48,72 @@ def backbone_tensor(layer: int, weight: str) -> str:
 
 class RiverError(Exception):
     """A problem with user input (a file, an argument) that is reported as one line, no traceback."""
+
+
+# -- the rules for river keys and controls: one place for `river validate`, `inspect`, RiverLlama's setters and
+# the gated mode. The patched loader and C API (patches/0001, 0003: llama_river_threshold_ok) apply the same
+# rules, and tests/test_validation.py feeds the same bad files to both.
+
+def _number(v, what: str) -> float:
+    import numbers
+
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise RiverError(f"{what} must be a number, got {type(v).__name__} {v!r}")
+    return float(v)
+
+
+def check_version(v) -> int:
+    if v is None:
+        raise RiverError(f"{KEY_VERSION} is missing (not a river GGUF written by river-edge?)")
+    if isinstance(v, bool) or not isinstance(v, int) or v != FORMAT_VERSION:
+        raise RiverError(f"{KEY_VERSION} {v!r} is not {FORMAT_VERSION}, the version this river-edge reads")
+    return v
+
+
+def check_threshold(v, what: str = "threshold") -> float:
+    """A cosine threshold in [0, 1] (exit after layer l when s_l > tau_l), or +inf (never exit). Negative
+    values would mean "exit whatever the layer did", which is a forced exit, not a threshold."""
+    x = _number(v, what)
+    if not (0.0 <= x <= 1.0 or x == math.inf):
+        raise RiverError(f"{what} {x} out of range: a cosine threshold is in [0, 1], or inf (never exit)")
+    return x
+
+
+def check_thresholds(v, n_layer: int, what: str = "thresholds") -> list[float]:
+    """One threshold for every layer, or one number for all of them."""
+    import numbers
+
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        return [check_threshold(v, what)] * n_layer
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
+        raise RiverError(f"{what} must be a number or a list of {n_layer} numbers, got {type(v).__name__} {v!r}")
+    if len(v) != n_layer:
+        raise RiverError(f"{what}: need {n_layer} values (one per layer), got {len(v)}")
+    return [check_threshold(x, f"{what}[{i}]") for i, x in enumerate(v)]
+
+
+def _layer(v, what: str, lo: int, hi: int) -> int:
+    import numbers
+
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise RiverError(f"{what} must be a whole number, got {type(v).__name__} {v!r}")
+    if not lo <= int(v) <= hi:
+        raise RiverError(f"{what} {int(v)} out of range {lo}..{hi}")
+    return int(v)
+
+
+def check_min_exit_layer(v, n_layer: int, what: str = "min exit layer") -> int:
+    return _layer(v, what, 0, n_layer - 1)
+
+
+def check_forced_exit(v, n_layer: int) -> int | None:
+    """None (the rule decides), -1 (all river) .. n_layer - 1 (backbone)."""
+    return None if v is None else _layer(v, "forced exit layer", -1, n_layer - 1)
+
+
+def check_gate(v, what: str = "gate") -> float:
+    """The gated mode's entropy gate, in nats: >= 0 (0: always the backbone), or inf (never)."""
+    x = _number(v, what)
+    if not (x >= 0.0):
+        raise RiverError(f"{what} {x} out of range: an entropy gate is >= 0 nats, or inf")
+    return x

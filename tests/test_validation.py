@@ -1,0 +1,122 @@
+"""One set of rules for river keys (river_edge/format.py), applied alike by the patched loader (C++),
+`river validate` / `inspect`, and RiverLlama's setters: the same bad files and values fed to each."""
+from __future__ import annotations
+
+import math
+import os
+import struct
+
+import numpy as np
+import pytest
+from gguf import GGUFValueType as V
+
+from river_edge import format as F
+from river_edge.format import RiverError
+from river_edge.gguf_tools.inspect import format_report, inspect_gguf, validate
+
+from gguf_edit import DROP, rewrite
+
+R = pytest.importorskip("river_edge.runtime")
+needs_runtime = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
+
+L = 4  # the tiny models' layers
+BAD_KEYS = {
+    "version 999": {F.KEY_VERSION: (999, V.UINT32)},
+    "version missing": {F.KEY_VERSION: DROP},
+    "version as string": {F.KEY_VERSION: ("1", V.STRING)},
+    "min exit 4e9": {F.KEY_MIN_EXIT: (4_000_000_000, V.UINT32)},
+    "min exit = n_layer": {F.KEY_MIN_EXIT: (L, V.UINT32)},
+    "min exit as f32": {F.KEY_MIN_EXIT: (1.0, V.FLOAT32)},
+    "threshold -1": {F.KEY_THRESHOLDS: ([-1.0] * L, V.ARRAY, V.FLOAT32)},
+    "threshold -inf": {F.KEY_THRESHOLDS: ([-math.inf] * L, V.ARRAY, V.FLOAT32)},
+    "threshold 1.5": {F.KEY_THRESHOLDS: ([0.9, 1.5, 0.9, 0.9], V.ARRAY, V.FLOAT32)},
+    "threshold nan": {F.KEY_THRESHOLDS: ([0.9, math.nan, 0.9, 0.9], V.ARRAY, V.FLOAT32)},
+    "thresholds as i32": {F.KEY_THRESHOLDS: ([1] * L, V.ARRAY, V.INT32)},
+    "thresholds as string": {F.KEY_THRESHOLDS: ("0.9", V.STRING)},
+    "thresholds length": {F.KEY_THRESHOLDS: ([0.9] * (L - 1), V.ARRAY, V.FLOAT32)},
+    "gate nan": {F.KEY_GATE: (math.nan, V.FLOAT32)},
+    "gate -1": {F.KEY_GATE: (-1.0, V.FLOAT32)},
+    "gate as string": {F.KEY_GATE: ("abc", V.STRING)},
+}
+GOOD_KEYS = {
+    "thresholds 0, 0.5, 1, inf": {F.KEY_THRESHOLDS: ([0.0, 0.5, 1.0, math.inf], V.ARRAY, V.FLOAT32)},
+    "min exit 0, gate 0": {F.KEY_MIN_EXIT: (0, V.UINT32), F.KEY_GATE: (0.0, V.FLOAT32)},
+    "gate inf": {F.KEY_GATE: (math.inf, V.FLOAT32)},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_KEYS))
+def test_bad_keys_refused_by_validate_inspect_and_loader(case, tiny_llama, tmp_path):
+    bad = rewrite(tiny_llama, tmp_path / "bad.gguf", keys=BAD_KEYS[case])
+    problems = validate(bad)
+    assert problems and all("\n" not in p and "Traceback" not in p for p in problems), problems
+    info = inspect_gguf(bad)
+    assert info["problems"]
+    format_report(info)   # never a traceback, whatever the keys hold
+    if R.runtime_is_patched():
+        with pytest.raises(RiverError) as e:
+            R.RiverLlama(str(bad), n_ctx=64, n_threads=1)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("case", list(GOOD_KEYS))
+def test_good_keys_accepted_by_both(case, tiny_llama, tmp_path):
+    ok = rewrite(tiny_llama, tmp_path / "ok.gguf", keys=GOOD_KEYS[case])
+    assert validate(ok) == []
+    if R.runtime_is_patched():
+        llm = R.RiverLlama(str(ok), n_ctx=64, n_threads=1)
+        th = GOOD_KEYS[case].get(F.KEY_THRESHOLDS)
+        if th:
+            assert llm.thresholds == th[0]
+
+
+@needs_runtime
+@pytest.mark.parametrize("attr, value", [
+    ("thresholds", "0.5"), ("thresholds", [0.5] * (L - 1)), ("thresholds", -0.1), ("thresholds", math.nan),
+    ("thresholds", [0.5, 0.5, 0.5, 2.0]), ("thresholds", None), ("thresholds", True),
+    ("min_exit_layer", 1.7), ("min_exit_layer", L), ("min_exit_layer", -1), ("min_exit_layer", "1"),
+    ("forced_exit", 1.7), ("forced_exit", L), ("forced_exit", -2), ("forced_exit", "0"),
+    ("gate", "abc"), ("gate", math.nan), ("gate", -0.5),
+])
+def test_bad_settings_are_river_errors(tiny_llama, attr, value):
+    llm = R.RiverLlama(str(tiny_llama), n_ctx=64, n_threads=1)
+    before = getattr(llm, attr)
+    with pytest.raises(RiverError, match=attr.split("_")[0].rstrip("s")):
+        setattr(llm, attr, value)
+    assert getattr(llm, attr) == before   # a refused value changes nothing
+
+
+@needs_runtime
+def test_numbers_of_any_kind_are_accepted(tiny_llama):
+    llm = R.RiverLlama(str(tiny_llama), n_ctx=64, n_threads=1)
+    llm.thresholds = np.float32(0.25)
+    assert llm.thresholds == [0.25] * L
+    llm.thresholds = np.array([0.5, 0.5, 1.0, np.inf])
+    assert llm.thresholds == [0.5, 0.5, 1.0, math.inf]
+    llm.min_exit_layer, llm.forced_exit, llm.gate = np.int64(2), np.int32(1), np.float64(1.5)
+    assert (llm.min_exit_layer, llm.forced_exit, llm.gate) == (2, 1, 1.5)
+
+
+def test_a_header_claiming_more_than_the_file_is_refused_at_once(tmp_path):
+    """A 200-byte file whose array claims 2^40 elements: one line, no allocation (gguf-py would try)."""
+    s = lambda x: struct.pack("<Q", len(x)) + x.encode()  # noqa: E731
+    path = tmp_path / "huge.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + s("general.architecture") + struct.pack("<I", 8)
+                     + s("llama") + s("x") + struct.pack("<IIQ", 9, 0, 2**40) + b"\0" * 100)
+    problems = validate(path)
+    assert len(problems) == 1 and "claims" in problems[0] and "truncated or corrupt GGUF" in problems[0]
+    with pytest.raises(RiverError, match="claims"):
+        inspect_gguf(path)
+
+
+def test_stale_part_files_of_a_killed_build_are_swept(tiny_llama_base, tmp_path):
+    from river_edge.gguf_tools.build import build_river
+
+    out = tmp_path / "m.river.gguf"
+    dead = tmp_path / f".{out.name}.999999999.abc.part"      # no such pid
+    alive = tmp_path / f".{out.name}.{os.getpid()}.def.part"  # a live writer: left alone
+    other = tmp_path / ".other.gguf.999999999.x.part"           # another output: not ours
+    for p in (dead, alive, other):
+        p.write_bytes(b"x" * 100)
+    build_river(tiny_llama_base, out)
+    assert out.is_file() and not dead.exists() and alive.exists() and other.exists()
