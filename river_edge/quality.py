@@ -22,7 +22,6 @@ that they are identical), so its distribution is the backbone's.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import random
@@ -163,11 +162,11 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     ref_tau = list(taus) if taus is not None else []
     if "taus" in configs:
         if taus is None:
-            # the backbone's cosine scores, to choose the sweep from: tau = 2 (past RiverLlama's [-1, 1]
-            # check, through the C API) computes every s_l and never exits
+            # the backbone's cosine scores, to choose the sweep from: tau = 1 computes every s_l and never
+            # exits (a cosine does not exceed 1)
             scores = []
             llm.forced_exit = None
-            llm._river.llama_river_set_thresholds(llm._ctx.ctx, (ctypes.c_float * L)(*[2.0] * L), L)
+            llm.thresholds = 1.0
 
             def score_step(m, tok):
                 m.eval([tok])
@@ -208,7 +207,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
             llm.reset_stats()
 
             def random_step(m, tok):
-                m.forced_exit = int(rng.choices(layers, weights=w)[0])
+                m.force_exit(int(rng.choices(layers, weights=w)[0]))
                 m.eval([tok])
                 return m.last_logits()
             sc = teacher_force(llm, random_step, ref)
@@ -237,12 +236,12 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
             fb = [0]
 
             def gated_step(m, tok):
-                m.forced_exit = -1
+                m.force_exit(-1)
                 m.eval([tok])
                 lg = m.last_logits()
                 if (rng.random() < rate) if rate is not None else _entropy(lg) >= gate_c:
                     m.n_tokens -= 1          # eval() removes the river's cell before the backbone writes it
-                    m.forced_exit = L - 1
+                    m.force_exit(L - 1)
                     m.eval([tok])
                     lg = m.last_logits()
                     fb[0] += 1

@@ -15,6 +15,7 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
+from . import format as F
 from .format import RiverError
 
 EXIT_RULE = -2  # forced exit "none": the rule decides
@@ -22,6 +23,7 @@ EXIT_RULE = -2  # forced exit "none": the rule decides
 _c = ctypes
 _API = {
     "llama_model_has_river": ([_c.c_void_p], _c.c_bool),
+    "llama_model_tensor_buft": ([_c.c_void_p, _c.c_char_p], _c.c_char_p),
     "llama_river_set_enabled": ([_c.c_void_p, _c.c_bool], None),
     "llama_river_get_enabled": ([_c.c_void_p], _c.c_bool),
     "llama_river_set_thresholds": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
@@ -43,7 +45,7 @@ _API = {
 def _lib():
     """The river C API of the loaded llama.cpp, or None for a stock (unpatched) build."""
     lib = llama_cpp.llama_cpp._lib
-    if not hasattr(lib, "llama_river_set_head"):  # the newest symbol: an older patched build counts as stock
+    if not hasattr(lib, "llama_model_tensor_buft"):  # the newest symbol: an older patched build counts as stock
         return None
     for name, (args, res) in _API.items():
         f = getattr(lib, name)
@@ -53,6 +55,35 @@ def _lib():
 
 def runtime_is_patched() -> bool:
     return _lib() is not None
+
+
+@contextlib.contextmanager
+def model_params(**fields):
+    """A Llama made inside loads with these llama_model_params fields set (e.g. use_extra_bufts=False):
+    llama-cpp-python has no keyword for them. For stock Llama objects too (tests, benchmarks)."""
+    mod = llama_cpp.llama_cpp
+    default = mod.llama_model_default_params
+
+    def params():
+        p = default()
+        for k, v in fields.items():
+            setattr(p, k, v)
+        return p
+
+    mod.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        mod.llama_model_default_params = default
+
+
+def tensor_buft(llm: llama_cpp.Llama, name: str) -> str | None:
+    """The ggml buffer type holding a model tensor ("CPU", "CPU_REPACK", "AMX", ...), None if no such tensor."""
+    lib = _lib()
+    if lib is None:
+        raise RiverError("the buffer type of a tensor needs river-edge's patched llama-cpp-python")
+    b = lib.llama_model_tensor_buft(llm._model.model, name.encode())
+    return b.decode() if b is not None else None
 
 
 def _has_river_tensors(path: Path) -> bool:
@@ -68,8 +99,9 @@ class RiverLlama(llama_cpp.Llama):
     """A llama_cpp.Llama on a river GGUF (or any GGUF: without a river it is the stock model).
 
     Keyword arguments are Llama's, plus `thresholds`, `min_exit_layer` and `forced_exit` overriding
-    the GGUF's river keys, `river=False` to run the stock graph, and `river_head=False` to draft with
-    the backbone's LM head instead of the GGUF's river head.
+    the GGUF's river keys, `river=False` to run the stock graph, `river_head=False` to draft with
+    the backbone's LM head instead of the GGUF's river head, and `extra_bufts=False` to keep every
+    weight out of ggml's extra buffer types (AMX, CPU_REPACK: repacked layouts, faster kernels).
     """
 
     def __new__(cls, model_path: str, *args, **kwargs):
@@ -84,7 +116,8 @@ class RiverLlama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
                  min_exit_layer: int | None = None, forced_exit: int | None = None, river: bool = True,
-                 river_head: bool = True, mode: str | None = None, gate: float | None = None, **kwargs):
+                 river_head: bool = True, mode: str | None = None, gate: float | None = None,
+                 extra_bufts: bool = True, **kwargs):
         path = Path(model_path)
         self._river = _lib()
         kwargs.setdefault("verbose", False)
@@ -92,10 +125,17 @@ class RiverLlama(llama_cpp.Llama):
 
         with quiet_llama_logs() if not kwargs["verbose"] else contextlib.nullcontext([]) as log:
             try:
-                super().__init__(str(path), **kwargs)
+                with model_params(use_extra_bufts=bool(extra_bufts)):
+                    super().__init__(str(path), **kwargs)
             except ValueError as e:
                 why = [x for x in "".join(log).splitlines() if "fail" in x or "error" in x] or [str(e)]
                 raise RiverError(f"{path}: llama.cpp cannot load it ({why[0].strip()})") from None
+        if len(self.input_ids) < self._n_ctx:
+            # llama.cpp rounds n_ctx up (to a multiple of 256) and decodes that far; llama-cpp-python sized its
+            # token and logit arrays by the request, so the last positions had nowhere to go
+            self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
+            if self._logits_all:
+                self.scores = np.zeros((self._n_ctx, self._n_vocab), dtype=np.single)
         self.n_layer = int(llama_cpp.llama_model_n_layer(self._model.model))
         self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
         if thresholds is not None:
@@ -111,6 +151,35 @@ class RiverLlama(llama_cpp.Llama):
         from .spec import Spec  # decoding modes (river_edge/spec.py); `mode` overrides forced_exit
 
         self._spec = Spec(self, mode, gate)
+        self._cache_contract = self._contract()
+
+    # -- the KV cache's contract ---------------------------------------------------------------
+    def _contract(self) -> tuple:
+        """What wrote the cells now in the KV cache, as far as it decides later tokens: cells written
+        under another contract (river K/V under a backbone mode, another rule's exits) must not be reused."""
+        if not self.has_river or not self.river_enabled:
+            return ("backbone",)
+        mode = self._spec.mode
+        if mode in ("exact", "backbone"):
+            return ("backbone",)
+        if mode == "gated":
+            return ("gated", self._spec.gate, self.river_head)
+        e = self.forced_exit
+        if e is None:
+            return ("rule", tuple(self.thresholds), self.min_exit_layer)
+        if e == self.n_layer - 1:
+            return ("backbone",)
+        return ("forced", e, self.river_head if e == -1 else None)
+
+    def _sync_cache(self) -> None:
+        """Drop the KV cache when the contract it was written under no longer holds."""
+        if not hasattr(self, "_cache_contract"):
+            return  # still in __init__: nothing decoded yet
+        c = self._contract()
+        if c != self._cache_contract:
+            self._cache_contract = c
+            self.n_tokens = 0
+            self._ctx.kv_cache_clear()
 
     # -- decoding modes: exact, gated, river, fast, backbone (river_edge/spec.py) ---------------
     @property
@@ -121,13 +190,28 @@ class RiverLlama(llama_cpp.Llama):
     def mode(self, m: str) -> None:
         self._spec.mode = m
 
+    @property
+    def gate(self) -> float:
+        """The gated mode's entropy gate (nats): the backbone re-decodes a position at river entropy >= gate."""
+        return self._spec.gate
+
+    @gate.setter
+    def gate(self, g: float) -> None:
+        self._spec.gate = F.check_gate(g)
+        self._sync_cache()
+
     def generate(self, tokens, **kw):
+        self._sync_cache()
         return self._spec.generate(tokens, super().generate, kw)
 
     def stats(self) -> dict:
         """Telemetry of the decoding mode since it was set: tokens, tok/s, acceptance rate, mean draft
         length and cost model (exact), fallback rate (gated)."""
         return self._spec.stats()
+
+    def tensor_buft(self, name: str) -> str | None:
+        """The ggml buffer type holding a weight of this model (see `tensor_buft`)."""
+        return tensor_buft(self, name)
 
     def last_logits(self) -> np.ndarray:
         """Logits of the last token decoded (a copy). Llama.scores holds them only with logits_all=True."""
@@ -150,6 +234,7 @@ class RiverLlama(llama_cpp.Llama):
             self._river.llama_river_set_enabled(self._ctx.ctx, bool(on))
         elif on:
             self._need_river()
+        self._sync_cache()
 
     @property
     def thresholds(self) -> list[float]:
@@ -161,15 +246,10 @@ class RiverLlama(llama_cpp.Llama):
     @thresholds.setter
     def thresholds(self, tau: float | Sequence[float]) -> None:
         lib, ctx = self._need_river()
-        tau = [float(tau)] * self.n_layer if isinstance(tau, (int, float)) else [float(x) for x in tau]
-        if len(tau) != self.n_layer:
-            raise RiverError(f"thresholds: need {self.n_layer} values (one per layer), got {len(tau)}")
-        for x in tau:
-            if math.isnan(x) or not (-1.0 <= x <= 1.0 or x == math.inf):
-                raise RiverError(f"threshold {x} out of range: a cosine threshold is in [-1, 1], or inf "
-                                 "(never exit)")
+        tau = F.check_thresholds(tau, self.n_layer)
         if lib.llama_river_set_thresholds(ctx, (ctypes.c_float * len(tau))(*tau), len(tau)) != 0:
             raise RiverError("llama.cpp refused the thresholds")
+        self._sync_cache()
 
     @property
     def min_exit_layer(self) -> int:
@@ -179,8 +259,9 @@ class RiverLlama(llama_cpp.Llama):
     @min_exit_layer.setter
     def min_exit_layer(self, layer: int) -> None:
         lib, ctx = self._need_river()
-        if not 0 <= int(layer) < self.n_layer or lib.llama_river_set_min_exit_layer(ctx, int(layer)) != 0:
-            raise RiverError(f"min exit layer {layer} out of range 0..{self.n_layer - 1}")
+        if lib.llama_river_set_min_exit_layer(ctx, F.check_min_exit_layer(layer, self.n_layer)) != 0:
+            raise RiverError(f"llama.cpp refused min exit layer {layer}")
+        self._sync_cache()
 
     @property
     def forced_exit(self) -> int | None:
@@ -192,9 +273,18 @@ class RiverLlama(llama_cpp.Llama):
     @forced_exit.setter
     def forced_exit(self, e: int | None) -> None:
         lib, ctx = self._need_river()
-        v = EXIT_RULE if e is None else int(e)
-        if e is not None and not -1 <= v < self.n_layer or lib.llama_river_set_forced_exit(ctx, v) != 0:
-            raise RiverError(f"forced exit layer {e} out of range -1..{self.n_layer - 1}")
+        e = F.check_forced_exit(e, self.n_layer)
+        if lib.llama_river_set_forced_exit(ctx, EXIT_RULE if e is None else e) != 0:
+            raise RiverError(f"llama.cpp refused forced exit layer {e}")
+        self._sync_cache()
+
+    def force_exit(self, e: int | None) -> None:
+        """Set the forced exit for the next decodes and keep the KV cache as it is: for measurements that
+        mix writers on purpose (teacher-forced random exits, a gated fallback). The `forced_exit` setter
+        drops cells written under another exit instead."""
+        lib, ctx = self._need_river()
+        e = F.check_forced_exit(e, self.n_layer)
+        lib.llama_river_set_forced_exit(ctx, EXIT_RULE if e is None else e)
 
     @property
     def has_river_head(self) -> bool:
@@ -212,6 +302,7 @@ class RiverLlama(llama_cpp.Llama):
         lib, ctx = self._need_river()
         if lib.llama_river_set_head(ctx, bool(on)) != 0:
             raise RiverError(f"{self.model_path}: has no river LM head (river.output.weight); rebuild with `river build`")
+        self._sync_cache()
 
     # -- telemetry -----------------------------------------------------------------------------
     @property

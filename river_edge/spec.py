@@ -54,6 +54,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import llama_cpp
 import numpy as np
@@ -74,6 +75,7 @@ class CostModel:
     draft_s: float                      # one river step (1 token), Python included
     verify_s: list[float]               # verify_s[n]: backbone batch of n tokens; [0] unused
     backbone_s: float = 0.0             # one backbone step (= verify_s[1])
+    tie: float = 0.0                    # batch rounding: max |logit| change of a row decoded in a batch
     _obs: dict = field(default_factory=dict)
 
     def observe(self, n: int, dt: float) -> None:
@@ -120,6 +122,8 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     fallbacks: int = 0            # gated: positions re-decoded by the backbone
+    settled: int = 0              # exact: near-ties decoded again alone
+    river_steps: int = 0          # gated: positions decoded by the river first (the prompt's token is not one)
     k_sum: int = 0
     spec_off: str | None = None
     extra: dict = field(default_factory=dict)
@@ -129,6 +133,12 @@ def _softmax64(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     e = np.exp(x - x.max())
     return e / e.sum()
+
+
+def _margin(row: np.ndarray) -> float:
+    """Top-1 minus top-2 logit."""
+    a, b = np.partition(row, -2)[-2:]
+    return float(b - a)
 
 
 def entropy(logits: np.ndarray) -> float:
@@ -175,21 +185,28 @@ class Spec:
         self.llm = llm
         self.kmax = int(kmax)
         self._mode = "river" if llm.has_river else "backbone"
-        self.gate = gate if gate is not None else self.stored_gate()
+        self.gate = F.check_gate(gate) if gate is not None else self.stored_gate()
         self.st = Stats(mode=self._mode)
         self._A, self._R = 0.0, 0.0       # decayed accepted / rejected counts
         self._zero_run = 0
-        self.fixed_k: int | None = None   # tests and benchmarks: draft exactly this many (no cost model)
+        # tests and benchmarks: draft exactly this many (no cost model), or a callable drawing k per cycle
+        self.fixed_k: int | Callable[[], int] | None = None
         if mode is not None:
             self.mode = mode
 
     # -- mode ------------------------------------------------------------------------------------
     def stored_gate(self) -> float:
-        v = (self.llm.metadata or {}).get(GATE_KEY)
-        try:
-            return float(v) if v is not None else DEFAULT_GATE
-        except ValueError:
+        v = (self.llm.metadata or {}).get(GATE_KEY)   # llama-cpp-python gives every value as a string
+        if v is None:
             return DEFAULT_GATE
+        try:
+            x = float(v)
+        except ValueError:
+            raise RiverError(f"{self.llm.model_path}: {GATE_KEY} {v!r} is not a number") from None
+        try:
+            return F.check_gate(x)
+        except RiverError as e:
+            raise RiverError(f"{self.llm.model_path}: {GATE_KEY}: {e}") from None
 
     @property
     def mode(self) -> str:
@@ -207,6 +224,8 @@ class Spec:
             llm.forced_exit = {"river": None, "fast": -1}.get(m, llm.n_layer - 1)
         self._mode = m
         self.st = Stats(mode=m)
+        if hasattr(llm, "_cache_contract"):
+            llm._sync_cache()   # e.g. river K/V left by fast mode must not feed exact mode
 
     def _force(self, e: int) -> None:
         self.llm._river.llama_river_set_forced_exit(self.llm._ctx.ctx, e)
@@ -225,13 +244,13 @@ class Spec:
                      acceptance_rate=s.accepted / s.drafted if s.drafted else float("nan"),
                      mean_draft_len=s.drafted / s.cycles if s.cycles else 0.0,
                      tokens_per_cycle=s.tokens / s.cycles if s.cycles else 0.0,
-                     running_acceptance=self.acceptance, spec_off=s.spec_off)
+                     running_acceptance=self.acceptance, spec_off=s.spec_off, settled_ties=s.settled)
             cm = _COSTS.get(self._key())
             if cm is not None:
                 d["cost_model"] = cm.as_dict()
         if s.mode == "gated":
             d.update(gate_entropy=self.gate, fallbacks=s.fallbacks,
-                     fallback_rate=s.fallbacks / s.tokens if s.tokens else 0.0)
+                     fallback_rate=s.fallbacks / s.river_steps if s.river_steps else 0.0)
         d.update(s.extra)
         return d
 
@@ -254,7 +273,7 @@ class Spec:
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n, llm._n_vocab))
 
     def _rm(self, p0: int) -> None:
-        self.llm._ctx.kv_cache_seq_rm(-1, p0, -1)
+        self.llm._ctx.kv_cache_seq_rm(0, p0, -1)   # sequence 0 only: the one generate() decodes
 
     def costs(self, tok: int, pos: int) -> CostModel:
         """Measured once per process: river step and backbone batches of 1..kmax+1 at positions pos..
@@ -274,17 +293,25 @@ class Spec:
                 self._rm(pos)
             return float(min(out[1:]))          # min: robust to a shared machine's spikes
 
+        first = {}   # row 0 of a batch of n: the same context for every n, so any change is rounding
+
+        def verify_step(n):
+            rows = self._decode([tok] * n, pos, True)
+            first.setdefault(n, np.array(rows[0]))
+
         try:
             self._force(-1)
             draft = t(lambda: self._decode([tok], pos, False).argmax(), 4)
             self._force(L - 1)
-            verify = [0.0] + [t(lambda n=n: self._decode([tok] * n, pos, True).argmax(1), 3)
-                              for n in range(1, n_max + 1)]
+            verify = [0.0] + [t(lambda n=n: verify_step(n), 3) for n in range(1, n_max + 1)]
         finally:
             self._force(L - 1)
             self._rm(pos)
         verify = [float(v) for v in np.maximum.accumulate(verify)]   # a bigger batch never costs less: noise
-        cm = _COSTS[key] = CostModel(draft, verify, verify[1])
+        # a top-2 margin within this of a tie may flip with the batch size: such positions are settled
+        # by a one-token decode, as backbone mode decodes (x4 headroom over what this probe saw)
+        tie = 4.0 * max((float(np.abs(r - first[1]).max()) for r in first.values()), default=0.0)
+        cm = _COSTS[key] = CostModel(draft, verify, verify[1], tie)
         return cm
 
     # -- generate --------------------------------------------------------------------------------
@@ -328,9 +355,10 @@ class Spec:
         finally:
             gen.close()
 
-    def _prompt(self, tokens: list[int], reset: bool) -> int:
-        """Evaluate all prompt tokens but the last on the backbone (reusing the cached prefix); returns
-        the position of the last one, which the loop decodes."""
+    def _prompt(self, tokens: list[int], reset: bool) -> np.ndarray:
+        """Evaluate the prompt on the backbone exactly as backbone mode (Llama.generate) does: the cached
+        prefix reused up to the last prompt token, the rest by Llama.eval in n_batch chunks. Returns the
+        logits of the last prompt position (a copy); llm.n_tokens is then the first free position."""
         llm = self.llm
         keep = 0
         if reset and llm.n_tokens > 0:
@@ -341,13 +369,27 @@ class Spec:
         elif not reset:
             keep = llm.n_tokens
             tokens = list(llm._input_ids) + tokens
+        if len(tokens) > llm._n_ctx:
+            raise RiverError(f"prompt of {len(tokens)} tokens does not fit the context of {llm._n_ctx}")
         llm.n_tokens = keep
         self._rm(keep)
         self._force(llm.n_layer - 1)
-        if len(tokens) - 1 > keep:
-            llm.eval(tokens[keep:-1])
-        llm.input_ids[llm.n_tokens] = tokens[-1]
-        return llm.n_tokens
+        # Llama.eval's chunks (n_batch, logits of each chunk's last token), but on sequence 0 alone: eval
+        # clears every sequence's cells past n_tokens
+        rest = tokens[keep:]
+        for i in range(0, len(rest), llm.n_batch):
+            chunk = rest[i:i + llm.n_batch]
+            row = self._decode(chunk, llm.n_tokens, False)[0]
+            llm.input_ids[llm.n_tokens:llm.n_tokens + len(chunk)] = chunk
+            llm.n_tokens += len(chunk)
+        return np.array(row)
+
+    def _rng(self) -> np.random.Generator:
+        """One random stream per seed: a new generate() call continues it (set_seed starts a new one)."""
+        seed = self.llm._seed
+        if getattr(self, "_rng_seed", None) != seed:
+            self._rng_seed, self._rng_gen = seed, np.random.default_rng(seed)
+        return self._rng_gen
 
     def _exact(self, tokens: list[int], kw: dict):
         llm, st = self.llm, self.st
@@ -357,13 +399,20 @@ class Spec:
         sp = dict(temp=temp, top_k=int(kw.get("top_k", 40)), top_p=float(kw.get("top_p", 0.95)),
                   min_p=float(kw.get("min_p", 0.05)))
         stop = kw.get("stopping_criteria")
-        rng = np.random.default_rng(llm._seed)
+        rng = self._rng()
         vocab = llm._model.vocab
         is_eog = llama_cpp.llama_vocab_is_eog
-        n = self._prompt(tokens, kw.get("reset", True))
-        pending = tokens[-1]
+        row = self._prompt(tokens, kw.get("reset", True))
+        n, n_ctx = llm.n_tokens, llm._n_ctx
+        # the first token from the prompt's own logits, as backbone mode takes it
+        pending = int(row.argmax()) if greedy else int(rng.choice(V, p=processed_probs(row, **sp)))
+        if stop is not None and stop(llm.input_ids[:n], row):
+            return
+        yield pending
+        if n >= n_ctx:
+            return
+        llm.input_ids[n] = pending
         cm = self.costs(pending, n)
-        n_ctx = llm._n_ctx
         try:
             while n < n_ctx:
                 a = self.acceptance
@@ -375,8 +424,9 @@ class Spec:
                 else:
                     self._zero_run = 0
                 if self.fixed_k is not None:
-                    k = self.fixed_k
-                k = max(0, min(k, n_ctx - n - 1))
+                    k = self.fixed_k() if callable(self.fixed_k) else self.fixed_k
+                # the verification batch (k + 1 tokens) must fit the context and llama.cpp's n_batch
+                k = max(0, min(k, n_ctx - n - 1, llm.n_batch - 1))
                 # -- draft on the river, writing cells n..n+k-1
                 drafts, qs = [], []
                 if k:
@@ -403,12 +453,22 @@ class Spec:
                 t0 = time.perf_counter()
                 batch = [pending] + drafts
                 rows = self._decode(batch, n, True)
+                cm.observe(len(batch), time.perf_counter() - t0)
                 if greedy:
                     g = rows.argmax(1)
                     j = 0
                     while j < len(drafts) and drafts[j] == g[j]:
                         j += 1
                     out = drafts[:j] + [int(g[j])]
+                    tie = next((i for i in range(j + 1) if _margin(rows[i]) <= cm.tie), None)
+                    if tie is not None:
+                        # a near-tie: the batch's rounding may decide it, so decode that position alone,
+                        # as backbone mode does, and let that row decide (the rows before it stand)
+                        st.settled += 1
+                        rows = np.array(rows[:tie + 1])
+                        self._rm(n + tie)
+                        rows[tie] = self._decode([batch[tie]], n + tie, False)[0]
+                        j, out = tie, drafts[:tie] + [int(rows[tie].argmax())]
                 else:
                     out, j = [], 0
                     while True:
@@ -425,9 +485,6 @@ class Spec:
                         s = r.sum()
                         out.append(int(rng.choice(V, p=r / s)) if s > 0 else int(rng.choice(V, p=p)))
                         break
-                dt = time.perf_counter() - t0
-                nb = len(batch)
-                cm.observe(nb, dt)
                 # -- keep the backbone cells of pending + accepted drafts
                 keep = n + 1 + j
                 llm.input_ids[n:keep] = batch[: j + 1]
@@ -465,13 +522,20 @@ class Spec:
             "top_k", "top_p", "min_p", "typical_p", "temp", "repeat_penalty", "frequency_penalty",
             "presence_penalty", "tfs_z", "mirostat_mode", "mirostat_eta", "mirostat_tau",
             "logits_processor", "grammar")})
-        n = self._prompt(tokens, reset)
-        pending = tokens[-1]
+        row = self._prompt(tokens, reset)
+        n = llm.n_tokens
+        pending = sampler.sample(llm._ctx, -1)   # the first token from the backbone's prompt logits
+        if stop is not None and stop(llm.input_ids[:n], row):
+            return
+        yield pending
+        if n < llm._n_ctx:
+            llm.input_ids[n] = pending
         gate = self.gate
         try:
             while n < llm._n_ctx:
                 self._force(-1)
                 row = self._decode([pending], n, False)[0]
+                st.river_steps += 1
                 if gate <= 0 or (gate < math.inf and entropy(row) >= gate):
                     self._force(L - 1)
                     self._rm(n)

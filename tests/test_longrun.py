@@ -80,9 +80,9 @@ def test_batch_never_exiting_equals_backbone(river_path):
 
 
 def test_batch_exiting(river_path):
-    b = LR.kl_in_batch(river_path, PROMPTS, n_tokens=N, thresholds=-1.0)
+    b = LR.kl_in_batch(river_path, PROMPTS, n_tokens=N, thresholds=0.0)
     L = b["n_layer"]
-    assert b["thresholds"] == [-1.0] * L
+    assert b["thresholds"] == [0.0] * L
     assert all(e < L - 1 for e in b["batch_exits"]) and sum(b["batch_hist"]) == N
     assert b["batch_mean_depth"] < L and b["alone_mean_depth"] < L
     assert b["batch_kl_mean"] > 1e-3 and b["alone_kl_mean"] > 1e-3
@@ -92,7 +92,7 @@ def test_batch_exiting(river_path):
 
 
 def test_figure(long, river_path, tmp_path):
-    b = LR.kl_in_batch(river_path, PROMPTS, n_tokens=N, thresholds=-1.0)
+    b = LR.kl_in_batch(river_path, PROMPTS, n_tokens=N, thresholds=0.0)
     p = LR.figure(long, b, tmp_path / "longrun.png")
     assert p.stat().st_size > 1000
     assert LR.figure(None, b, tmp_path / "b.png").stat().st_size > 1000

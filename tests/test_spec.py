@@ -16,7 +16,7 @@ N = 48
 
 
 def _llm(path, mode, **kw):
-    return RiverLlama(str(path), mode=mode, n_ctx=256, seed=0, **kw)
+    return RiverLlama(str(path), mode=mode, **{"n_ctx": 256, "seed": 0, **kw})
 
 
 def _gen(llm, prompt, n=N, **kw):
@@ -85,9 +85,11 @@ def test_exact_leaves_the_backbone_cache(model):
             assert list(llm.input_ids[: len(seq) - 1]) == seq[:-1] or mode == "fast"
             llm.n_tokens = len(p) - 1 if mode == "fast" else len(seq) - 1
             if mode == "fast":
-                llm.mode = "fast"
+                llm._spec._force(-1)
                 llm.eval(seq[len(p) - 1:-1])   # the river writes the generated part
-        llm.mode = "backbone"
+        # continue on the backbone over whatever the cache holds (the raw C API: the mode setter would
+        # rightly drop river-written cells)
+        llm._spec._force(llm.n_layer - 1)
         llm.n_tokens = len(seq) - 1
         llm.eval([seq[-1], 7, 11])
         return _last_logits(llm)
@@ -100,13 +102,20 @@ def test_exact_leaves_the_backbone_cache(model):
     assert exact < 0.05 * river, (exact, river)
 
 
-def _fast_after_backbone_prefill(fast, p, **kw):
-    """All-river decoding of a prompt prefilled by the backbone (as the gated mode prefills)."""
+def _fast_after_backbone_prefill(fast, p, n=N, **kw):
+    """The gated mode's schedule with the river always: the whole prompt prefilled by the backbone, whose
+    logits give the first token, then all-river steps (one sampler throughout). Forced exits through the
+    raw C API: the mode setters would rightly drop the cache."""
+    kw.setdefault("temp", 0.0)
     fast.reset()
-    fast.mode = "backbone"
-    fast.eval(p[:-1])
-    fast.mode = "fast"
-    return _gen(fast, p, **kw)
+    fast._spec._force(fast.n_layer - 1)
+    out = []
+    for t in fast.generate(p, **kw):
+        out.append(t)
+        if len(out) == n:
+            break
+        fast._spec._force(-1)
+    return out
 
 
 def test_gated_extremes(model):
@@ -235,3 +244,70 @@ def test_gate_fit_written_and_read(tiny_llama, tmp_path):
     assert fit_gate(rec, Target("kl", 0.05)) == 1.0         # fall back on the two most uncertain
     assert gate_metrics(rec, 1.0)["random"]["kl"] == pytest.approx(0.5 * 0.175)
     assert fit_gate(rec, Target("kl", 1.0)) == math.inf
+
+
+# -- exactness across mode switches, k and sequences (the cache holds only what the mode's contract allows) --
+
+@pytest.mark.parametrize("before", ["fast", "river", "gated"])
+def test_exact_after_a_lossy_mode_is_the_backbone(model, before):
+    """fast / river / gated decoding leaves river-written K/V; exact mode on the same object must not reuse
+    it (it would diverge from the backbone, as it did before the cache's contract was checked)."""
+    ref = _llm(model, "backbone")
+    llm = _llm(model, before, **({"thresholds": 0.0, "min_exit_layer": 1} if before == "river" else {}))
+    for p in PROMPTS[:2]:
+        lossy = _gen(llm, p)
+        llm.mode = "exact"
+        assert _gen(llm, p) == _gen(ref, p)
+        llm.mode = before
+        assert _gen(llm, p) == lossy   # and back: the lossy mode's own output, not one over exact's cache
+    if before == "fast":
+        assert lossy != _gen(ref, PROMPTS[1])   # the test can fail: fast mode writes other tokens
+
+
+def test_changing_thresholds_drops_the_cache(model):
+    a = _llm(model, "river", thresholds=0.0, min_exit_layer=1)
+    want = _gen(a, PROMPTS[0])
+    b = _llm(model, "river")            # tiny GGUFs: thresholds +inf, the backbone's output
+    _gen(b, PROMPTS[0])
+    b.thresholds, b.min_exit_layer = 0.0, 1
+    assert _gen(b, PROMPTS[0]) == want
+
+
+def test_exact_greedy_does_not_depend_on_k(model):
+    """k drawn at random every cycle (0..8): the greedy output is the backbone's, 256 tokens."""
+    rng = np.random.default_rng(0)
+    ref, ex = _llm(model, "backbone", n_ctx=512), _llm(model, "exact", n_ctx=512)
+    ex._spec.fixed_k = lambda: int(rng.integers(0, 9))
+    for p in PROMPTS[:2]:
+        assert _gen(ex, p, n=256) == _gen(ref, p, n=256)
+    assert ex.stats()["cycles"] > 0
+
+
+def test_exact_prompt_is_prefilled_as_backbone_mode_does(model):
+    """The whole prompt in one batch, first token from its logits: exact's first token is the backbone's
+    even for a prompt longer than n_batch (chunks as Llama.eval makes them)."""
+    p = [int(x) for x in np.random.default_rng(1).integers(1, 250, 40)]
+    ref, ex = _llm(model, "backbone", n_batch=16), _llm(model, "exact", n_batch=16)
+    assert _gen(ex, p, n=8) == _gen(ref, p, n=8)
+
+
+def test_exact_leaves_other_sequences_alone(model, monkeypatch):
+    import llama_cpp
+
+    default = llama_cpp.llama_cpp.llama_context_default_params
+
+    def two_seqs():
+        p = default()
+        p.n_seq_max, p.kv_unified = 2, True
+        return p
+    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_context_default_params", two_seqs)
+    ex = _llm(model, "exact")
+    ex.eval(PROMPTS[3])
+    ex._ctx.kv_cache_seq_cp(0, 1, 0, -1)
+    mem = llama_cpp.llama_get_memory(ex._ctx.ctx)
+    assert llama_cpp.llama_memory_seq_pos_max(mem, 1) == len(PROMPTS[3]) - 1
+    ex.reset()
+    out = _gen(ex, PROMPTS[0])          # no common prefix: sequence 0 is cleared from position 0
+    assert llama_cpp.llama_memory_seq_pos_max(mem, 1) == len(PROMPTS[3]) - 1
+    monkeypatch.undo()
+    assert out == _gen(_llm(model, "backbone"), PROMPTS[0])
