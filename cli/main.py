@@ -207,7 +207,15 @@ def _report_calibration(summary: dict, out: Path) -> None:
 
 def _version(value: bool):
     if value:
-        typer.echo(f"river-edge {__version__}")
+        from river_edge.host import runtime
+
+        rt = runtime()
+        if rt["llama_cpp_python"] is None:
+            how = "no runtime (llama-cpp-python is not installed; run `make setup`)"
+        else:
+            how = f"llama-cpp-python {rt['llama_cpp_python']}, " + (
+                f"patched (build {rt['build']})" if rt["patched"] else "stock: river GGUFs need the patched build")
+        typer.echo(f"river-edge {__version__}; runtime {how}")
         raise typer.Exit()
 
 
@@ -354,6 +362,19 @@ def validate(
     kind = ("a river GGUF, " + ("calibrated" if info["calibrated"] else "uncalibrated")) if info["river"] \
         else "a base GGUF (no river)"
     typer.echo(f"{path}: ok, {kind} ({info['architecture']}, {info['n_layer']} layers)")
+
+
+@_command(epilog="Example: river doctor smollm2-135m   (paste the output into a bug report)")
+def doctor(
+    model: Annotated[Optional[str], typer.Argument(metavar="[MODEL]", show_default=False,
+                                                   help="A GGUF or a prepared model's name: also show where "
+                                                        "ggml placed its weights.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="Threads to load with.")] = None,
+):
+    """Versions, runtime build, CPU and ISA, devices, and the buffer types of a model's weights."""
+    from river_edge.doctor import report
+
+    typer.echo(report(Path(_existing(model)) if model else None, threads))
 
 
 @_command(epilog="Examples: river convert model.river.gguf -o backbone.gguf --to backbone\n\n"

@@ -53,3 +53,20 @@ def runner(tmp_path, monkeypatch):
         raise AssertionError(f"test tried to download {name}")
     monkeypatch.setattr(zoo, "prepare", no_download)
     return CliRunner()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How much of the buffer-type matrix ran, and on what: AMX and CPU_REPACK exist only on some hosts."""
+    reports = [r for k in ("passed", "failed") for r in terminalreporter.stats.get(k, [])
+               if r.when == "call" and "extra_bufts" in r.nodeid]
+    if not reports:
+        return
+    from river_edge.host import cpu
+
+    on = sum("-extra_bufts" in r.nodeid for r in reports)
+    failed = sum(r.failed for r in reports)
+    c = cpu()
+    kinds = "AMX and CPU_REPACK" if "amx_int8" in c["isa"] else "CPU_REPACK" if c["isa"] else "none known"
+    terminalreporter.write_line(
+        f"buffer-type matrix: {len(reports)} cases ran ({on} with extra buffer types, {len(reports) - on} without; "
+        f"{failed} failed) on {c['model']}, extra types this CPU offers: {kinds}")

@@ -64,7 +64,7 @@ def leftovers(folder: Path) -> list[str]:
 # -- help ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cmd", [[], ["build"], ["calibrate"], ["inspect"], ["validate"], ["convert"],
-                                 ["models"], ["models", "prepare"], ["demo"]])
+                                 ["models"], ["models", "prepare"], ["demo"], ["doctor"]])
 def test_help_with_an_example_everywhere(runner, cmd):
     r = run(runner, *cmd, "--help")
     assert "Usage: river" in r.stdout and "Example" in r.stdout
@@ -76,7 +76,23 @@ def test_no_arguments_shows_help(runner):
 
 
 def test_version(runner):
-    assert "river-edge" in run(runner, "--version").stdout
+    from river_edge.runtime import runtime_is_patched
+
+    out = run(runner, "--version").stdout
+    assert "river-edge" in out and ("patched (build" in out) == runtime_is_patched()
+
+
+def test_doctor(runner, tiny_llama):
+    from river_edge.runtime import runtime_is_patched
+
+    out = run(runner, "doctor", str(tiny_llama), "-t", "1").stdout
+    assert "cpu " in out and "ISA" in out and "devices" in out
+    if runtime_is_patched():
+        # every weight accounted for, with extra buffer types on and off (off: plain CPU buffers only)
+        on, off = (next(l for l in out.splitlines() if l.startswith(f"extra bufts {x}")) for x in ("on", "off"))
+        assert "backbone" in on and "river " in on and "AMX" not in off and "REPACK" not in off
+    r = runner.invoke(app, ["doctor", "nothere.gguf"])
+    assert r.exit_code == 1 and "no such file" in r.output
 
 
 def test_cli_choices_follow_the_library():

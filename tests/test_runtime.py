@@ -25,6 +25,7 @@ from river_edge.format import RiverError  # noqa: E402
 from river_edge.gguf_tools.build import build_river  # noqa: E402
 from river_edge.gguf_tools.convert import plain  # noqa: E402
 from river_edge.reference import Policy, RiverModel  # noqa: E402
+from river_edge.reference.ggml_numerics import unrounded_weights  # noqa: E402
 from river_edge.runtime import RiverLlama  # noqa: E402
 from river_edge.tokenizer import quiet_llama_logs  # noqa: E402
 
@@ -41,23 +42,31 @@ N_CTX = 128
 SCORE_TOL = TIE = 3e-4
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+# The buffer-type matrix: every invariant with ggml's extra buffer types (AMX on Intel Xeon 4th gen+,
+# CPU_REPACK for Q4_0/IQ4_NL/Q4_K on AVX2/AVX512 and ARM) and without them.
+EXTRA = {"extra": True}   # the buffer types of the module's current parameter
+
+
+@pytest.fixture(scope="module", params=[(a, b) for a in ("llama", "qwen2") for b in ("extra_bufts", "no_extra_bufts")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def river_path(request, tiny_llama, tiny_qwen2):
-    return tiny_llama if request.param == "llama" else tiny_qwen2
+    EXTRA["extra"] = request.param[1] == "extra_bufts"
+    return tiny_llama if request.param[0] == "llama" else tiny_qwen2
 
 
 @pytest.fixture(scope="module")
 def ref(river_path):
-    return RiverModel(river_path)
+    # ggml's AMX F16 kernels take activations unrounded: the reference does the same for those weights
+    return RiverModel(river_path, unrounded=unrounded_weights(river(river_path)))
 
 
 def river(path, **kw) -> RiverLlama:
-    kw = {"n_ctx": N_CTX, "n_threads": 2, "n_threads_batch": 2, "logits_all": True, **kw}
+    kw = {"n_ctx": N_CTX, "n_threads": 2, "n_threads_batch": 2, "logits_all": True, "extra_bufts": EXTRA["extra"], **kw}
     return RiverLlama(str(path), **kw)
 
 
 def stock(path) -> llama_cpp.Llama:
-    with quiet_llama_logs():
+    with quiet_llama_logs(), R.model_params(use_extra_bufts=EXTRA["extra"]):
         return llama_cpp.Llama(str(path), n_ctx=N_CTX, n_threads=2, n_threads_batch=2, logits_all=True,
                                verbose=False)
 
@@ -186,7 +195,7 @@ def test_river_off_and_infinite_thresholds_are_the_stock_path(river_path, tmp_pa
     toks, got = greedy(m)
     assert toks == want_toks and got.tobytes() == want.tobytes()
     assert m.last_exit == m.n_layer - 1
-    forced = river(river_path, forced_exit=m.n_layer - 1, thresholds=-1.0, min_exit_layer=0)
+    forced = river(river_path, forced_exit=m.n_layer - 1, thresholds=0.0, min_exit_layer=0)
     assert greedy(forced)[1].tobytes() == want.tobytes()
     assert forced.exit_histogram()[-1] == 7
 
@@ -350,7 +359,7 @@ def test_prefill_decides_per_ubatch(river_path, ref):
     sims = np.array(sims)
     # layer 1 threshold between the chunks' scores: some ubatches exit there, some go on
     s1 = np.sort(sims[:, 1])
-    tau = [1.0, float((s1[0] + s1[1]) / 2), -1.0] + [INF] * (L - 3)
+    tau = [1.0, float((s1[0] + s1[1]) / 2), 0.0] + [INF] * (L - 3)
     m = river(river_path, n_batch=64, n_ubatch=nu, thresholds=tau[:L], min_exit_layer=0)
     m.eval(PROMPT)  # one llama_decode, three ubatches
     hist = m.exit_histogram()
@@ -422,9 +431,9 @@ def test_stock_runtime_and_broken_files(river_path, tmp_path, monkeypatch):
 def test_changing_controls_between_decodes(river_path):
     """Each step's logits equal those of a fresh context given the same cache (state API) and settings."""
     L = 4
-    settings = [dict(forced_exit=0), dict(forced_exit=None, thresholds=-1.0, min_exit_layer=1),
+    settings = [dict(forced_exit=0), dict(forced_exit=None, thresholds=0.0, min_exit_layer=1),
                 dict(forced_exit=-1), dict(forced_exit=L - 1), dict(forced_exit=None, thresholds=INF),
-                dict(forced_exit=None, thresholds=-1.0, min_exit_layer=2), dict(forced_exit=L - 2),
+                dict(forced_exit=None, thresholds=0.0, min_exit_layer=2), dict(forced_exit=L - 2),
                 dict(forced_exit=0)]
     expect_exit = [0, 1, -1, L - 1, L - 1, 2, L - 2, 0]
     m = river(river_path)
@@ -449,3 +458,15 @@ def test_changing_controls_between_decodes(river_path):
     assert m.exit_histogram().sum() == 1 + len(settings)
     m.reset_stats()
     assert m.exit_histogram().sum() == 0 and m.last_exit is None
+
+
+# -- exact mode = the backbone's greedy text, under each buffer type ---------------------------------------
+
+def test_exact_is_the_backbone(river_path):
+    ref = river(river_path, mode="backbone", logits_all=False)
+    ex = river(river_path, mode="exact", logits_all=False)
+    for p in (PROMPT, PROMPT[:3]):
+        want = [t for _, t in zip(range(40), ref.generate(p, temp=0.0))]
+        assert [t for _, t in zip(range(40), ex.generate(p, temp=0.0))] == want
+    s = ex.stats()
+    assert s["spec_off"] is None and s["drafted"] > 0

@@ -47,3 +47,13 @@ def activation_rounding(wtype: T):
     if wtype in _Q8_K:
         return round_q8_k
     return lambda x: x  # F32 (and BF16 on CPUs without it: close enough)
+
+
+def unrounded_weights(llm) -> list[str]:
+    """Weights of a loaded llama_cpp.Llama that ggml multiplies with f32 activations as they are: F16 weights
+    placed in the AMX buffer type (its F16 kernels widen the weight to f32 instead of rounding activations)."""
+    from river_edge.gguf_tools.reader import open_gguf
+    from river_edge.runtime import tensor_buft
+
+    return [t.name for t in open_gguf(llm.model_path).tensors
+            if t.tensor_type == T.F16 and tensor_buft(llm, t.name) == "AMX"]

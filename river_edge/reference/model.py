@@ -6,11 +6,12 @@ and the engine calibration runs on. With emulate=True activations are rounded as
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
+from gguf import GGMLQuantizationType
 
 from river_edge import format as F
 from river_edge.format import RiverError
@@ -59,9 +60,12 @@ class Step:
 
 
 class RiverModel:
-    def __init__(self, path: str | Path, emulate: bool = True):
+    def __init__(self, path: str | Path, emulate: bool = True, unrounded: Sequence[str] = ()):
+        """`unrounded`: weights whose ggml kernel multiplies f32 activations as they are (ggml's AMX F16
+        kernels do; the plain CPU path rounds them to the weight's vec_dot_type first)."""
         self.path = Path(path)
         self.args, t = read_gguf(path)
+        t = {n: replace(w, type=GGMLQuantizationType.F32) if n in unrounded else w for n, w in t.items()}
         a, self.emulate = self.args, emulate
         Block = BLOCKS[a.arch]
         backbone = lambda i: {n: t[F.backbone_tensor(i, n)] for n in F.LAYER_WEIGHTS}

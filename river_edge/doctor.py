@@ -1,0 +1,43 @@
+"""`river doctor`: one screen a user pastes into a bug report (versions, runtime build, CPU, devices, and
+where ggml placed a model's weights)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import host as H
+
+
+def report(model: Path | None = None, threads: int | None = None) -> str:
+    h = H.host(threads)
+    rt, c = h["runtime"], h["cpu"]
+    if rt["llama_cpp_python"] is None:
+        runtime = "llama-cpp-python not installed (run `make setup`)"
+    elif rt["patched"]:
+        runtime = f"llama-cpp-python {rt['llama_cpp_python']}, patched with river-edge's series (build {rt['build']})"
+    else:
+        runtime = f"llama-cpp-python {rt['llama_cpp_python']}, stock: river GGUFs need the patched build (`make setup`)"
+    lines = [
+        f"river-edge  {h['river_edge']} (Python {h['python']}, {h['platform']})",
+        f"runtime     {runtime}",
+        f"cpu         {c['model']}, {c['cpus']} cpus; ISA {' '.join(c['isa']) or '?'}",
+        f"load        {' '.join(map(str, h['loadavg_1_5_15']))} (1, 5, 15 min)",
+    ]
+    if rt["llama_cpp_python"] is not None:
+        lines.append(f"devices     {'; '.join(rt['devices']) or '?'}")
+        lines.append(f"ggml        {rt['system_info']}")
+    if model is not None and rt["patched"]:
+        from .runtime import RiverLlama
+
+        for extra in (True, False):
+            llm = RiverLlama(str(model), n_ctx=256, n_threads=threads, extra_bufts=extra, verbose=False)
+            where = "; ".join(f"{role} " + ", ".join(f"{b} x{n}" for b, n in bufts.items())
+                              for role, bufts in H.placement(llm).items())
+            label = "extra bufts on " if extra else "extra bufts off"
+            lines.append(f"{label} {where}")
+            if extra:
+                lines.insert(len(lines) - 1, f"model       {model}: {llm.n_layer} layers, river {'yes' if llm.has_river else 'no'}"
+                             f", threads {llm.context_params.n_threads} (batch {llm.context_params.n_threads_batch})")
+            llm.close()
+    elif model is not None:
+        lines.append(f"model       {model}: weights' buffer types need the patched runtime")
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""The machine and runtime a measurement ran on: what every benchmark JSON and `river doctor` record.
+
+Speeds move a lot between hosts (AMX and the CPU_REPACK layouts change plain Q4_0/Q8_0 speeds as much as
+the river's), so figures are only ever compared within one host record.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections import Counter
+from pathlib import Path
+
+from . import __version__
+from . import format as F
+
+# The ISA extensions that decide which ggml kernels run (x86 and ARM names as /proc/cpuinfo spells them).
+ISA = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+       "avx512vbmi", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
+       "asimd", "asimddp", "i8mm", "sve", "sve2", "sme")
+
+
+def cpu() -> dict:
+    """CPU model and the ISA flags of ISA it has (from /proc/cpuinfo; platform's words elsewhere)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "Model", "Hardware") and model in ("", platform.machine(), platform.processor()):
+                model = val.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = set(val.split())
+    except OSError:
+        pass
+    return {"model": model, "isa": [f for f in ISA if f in flags], "cpus": os.cpu_count()}
+
+
+def runtime() -> dict:
+    """llama-cpp-python's version, whether it is river-edge's patched build, and ggml's CPU feature line."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return {"llama_cpp_python": None, "patched": False, "build": None, "system_info": None}
+    tag = Path(llama_cpp.__file__).with_name("RIVER_BUILD")
+    from .runtime import runtime_is_patched
+
+    return {"llama_cpp_python": llama_cpp.__version__, "patched": runtime_is_patched(),
+            "build": tag.read_text().strip() if tag.exists() else None, "devices": devices(),
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
+
+
+def devices() -> list[str]:
+    """ggml's devices as 'NAME: description' (CPU, CUDA0, Vulkan0, ...), from the registry in libggml."""
+    import ctypes
+
+    import llama_cpp
+
+    llama_cpp.llama_backend_init()
+    try:
+        lib = ctypes.CDLL(str(Path(llama_cpp.__file__).with_name("lib") / "libggml.so"))
+    except OSError:
+        return []
+    c = ctypes
+    for name, args, res in (("ggml_backend_dev_count", [], c.c_size_t), ("ggml_backend_dev_get", [c.c_size_t], c.c_void_p),
+                            ("ggml_backend_dev_name", [c.c_void_p], c.c_char_p),
+                            ("ggml_backend_dev_description", [c.c_void_p], c.c_char_p)):
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, res
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        d = lib.ggml_backend_dev_get(i)
+        out.append(f"{lib.ggml_backend_dev_name(d).decode()}: {lib.ggml_backend_dev_description(d).decode()}")
+    return out
+
+
+def host(threads: int | None = None) -> dict:
+    """Everything a benchmark JSON names its host by: CPU model, ISA, threads, load, runtime build."""
+    return {"cpu": cpu(), "threads": threads, "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
+            "platform": platform.platform(), "python": sys.version.split()[0], "river_edge": __version__,
+            "runtime": runtime()}
+
+
+def placement(llm) -> dict[str, dict[str, int]]:
+    """Buffer types holding each kind of weight of a loaded model: {"backbone": {"AMX": 150, "CPU": 3}, ...}.
+    Extra buffer types (AMX, CPU_REPACK) mean repacked layouts and their own kernels."""
+    from .gguf_tools.reader import open_gguf
+    from .runtime import tensor_buft
+
+    out: dict[str, Counter] = {}
+    for t in open_gguf(llm.model_path).tensors:
+        if len(t.shape) < 2 or t.shape[1] == 1:
+            continue  # norms and biases: not matmul weights
+        role = "river head" if t.name == F.RIVER_HEAD else "river" if t.name.startswith("river.") else "backbone"
+        out.setdefault(role, Counter())[tensor_buft(llm, t.name) or "?"] += 1
+    return {k: dict(v.most_common()) for k, v in out.items()}
+
+
+def isa_line(h: dict) -> str:
+    """One line naming the host: CPU model, the ISA flags that matter, threads."""
+    c = h["cpu"]
+    return f"{c['model']} ({', '.join(c['isa']) or 'no SIMD flags found'}), {h['threads'] or c['cpus']} threads"
