@@ -488,13 +488,46 @@ Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, show_d
                                                 help="CPU threads.")]
 
 
+@_command(epilog="Examples: river serve --port 8000   (then any OpenAI client: base_url http://127.0.0.1:8000/v1, "
+                 "model 'smollm2-135m.river:exact')\n\nriver serve model.river.gguf --mode gated --name mymodel")
+def serve(
+    model: ModelArg = None,
+    mode: Annotated[Optional[Mode], typer.Option(
+        "--mode", case_sensitive=False, show_default="exact (backbone for a GGUF without a river)",
+        help="Mode of requests whose model names none; a request picks one with model NAME:MODE.")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,
+    name: Annotated[Optional[str], typer.Option("--name", show_default="the file's name without .gguf",
+                                                help="Model name clients use.")] = None,
+    threads: Threads = None,
+    ctx: Annotated[int, typer.Option("--ctx", min=64, help="Context length in tokens.")] = 4096,
+    cache_dir: CacheDir = None,
+):
+    """OpenAI-compatible server (llama-cpp-python's own app) over a river GGUF, every mode per request.
+
+    /v1/models lists NAME (the --mode) and NAME:exact, NAME:gated, NAME:river, NAME:fast, NAME:backbone; \
+/v1/completions and /v1/chat/completions (streaming too) take any of them. Requests run one at a time.
+    """
+    from river_edge.runtime import RiverLlama  # noqa: F401  (fails early without the runtime)
+    from river_edge.serve import serve as run
+
+    with _cache(cache_dir):
+        with Bars() as bars:
+            path = _model_path(model, bars)
+    from river_edge.gguf_tools.inspect import inspect_gguf
+
+    chosen = mode.value if mode is not None else ("exact" if inspect_gguf(path)["river"] else "backbone")
+    typer.echo(f"serving {path} on http://{host}:{port}/v1 (default mode {chosen}); Ctrl-C stops", err=True)
+    run(path, host=host, port=port, name=name, mode=chosen, n_ctx=ctx, threads=threads)
+
+
 @_command(epilog="Examples: river chat\n\nriver chat model.river.gguf --tau 0.95 --color-depth\n\n"
                  "river chat --prompt 'What is 7 times 8?'   (one answer, then exit)\n\n"
                  "printf 'hi\\n/stats\\n' | river chat")
 def chat(
     model: ModelArg = None,
     tau: Annotated[Optional[float], typer.Option(
-        "--tau", min=-1.0, max=1.0, callback=_finite,
+        "--tau", min=0.0, max=1.0, callback=_finite,
         help="One exit threshold for every layer, over the GGUF's calibrated ones.")] = None,
     no_river: Annotated[bool, typer.Option("--no-river", help="Run the backbone alone (no early exit).")] = False,
     mode: Annotated[Optional[Mode], typer.Option(

@@ -395,13 +395,16 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
             say(f"round {r + 1}/{rounds}: prefill", done, total)
     elapsed = time.time() - t_start
     load_after = _load_avg()
+    from .host import host, placement
+
+    bufts = {k: placement(m) for k, m in models.items()}
     del models
 
     mem = measure_memory(files, cfgs, n_ctx, threads, chats[0], say) if memory else {}
     return _summarize(river_path, files, notes, cfgs, dec, pf, mem, dict(
         threads=threads, tokens=tokens, rounds=rounds, prompts=texts, prompt_tokens=[len(c) for c in chats],
         prefill_tokens=len(pre), prefill_reps=prefill_reps, n_ctx=n_ctx, thresholds=thresholds,
-        elapsed_s=elapsed, load_before=load_before, load_after=load_after))
+        elapsed_s=elapsed, load_before=load_before, load_after=load_after, host=host(threads), buffer_types=bufts))
 
 
 def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
@@ -480,6 +483,7 @@ def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
         "files": notes,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor(),
                     **{k: meta[k] for k in ("load_before", "load_after")}},
+        "host": meta["host"], "buffer_types": meta["buffer_types"],
         "method": {
             "threads": meta["threads"], "decode_tokens": meta["tokens"], "rounds": meta["rounds"],
             "prompts": meta["prompts"], "prompt_tokens": meta["prompt_tokens"],

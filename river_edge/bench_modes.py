@@ -66,6 +66,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     texts = list(prompts) if prompts else B.packaged_prompts(n_prompts)
     chats = [Tokenizer(river_path).chat(t) for t in texts]
     n_ctx = max(len(c) for c in chats) + tokens + 16
+    from .host import host, placement
     from .runtime import RiverLlama
 
     def load(path):
@@ -112,7 +113,9 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         kind="modes", model=B._stem(river_path), river_gguf=str(river_path), files={k: str(v) for k, v in files.items()},
         weights=B.weights_note(notes), notes=notes, threads=threads, tokens=tokens, rounds=rounds, prompts=texts,
         prompt_tokens=[len(c) for c in chats], elapsed_s=time.time() - t_start, load_before=load_before,
-        load_after=B._load_avg(), cpu_count=os.cpu_count(), rows=rows, configs={})
+        load_after=B._load_avg(), cpu_count=os.cpu_count(), rows=rows, configs={},
+        # the host and where ggml put each file's weights: figures from other hosts never share a table
+        host=host(threads), buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}})
     for c in cfgs:
         ratio = [row["tok_s"][c] / row["tok_s"]["backbone"] for row in rows]
         same = [row["common_prefix"][c] for row in rows]

@@ -138,19 +138,21 @@ class RiverLlama(llama_cpp.Llama):
                 self.scores = np.zeros((self._n_ctx, self._n_vocab), dtype=np.single)
         self.n_layer = int(llama_cpp.llama_model_n_layer(self._model.model))
         self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
+        from .spec import Spec  # decoding modes (river_edge/spec.py)
+
+        # the mode first (it sets the forced exit: the runtime's own default is the backbone), then the
+        # settings over it; `mode` wins over `forced_exit`
+        self._spec = Spec(self, mode, gate)
         if thresholds is not None:
             self.thresholds = thresholds
         if min_exit_layer is not None:
             self.min_exit_layer = min_exit_layer
-        if forced_exit is not None:
+        if forced_exit is not None and mode is None:
             self.forced_exit = forced_exit
         if not river:
             self.river_enabled = False
         if not river_head and self.has_river_head:
             self.river_head = False
-        from .spec import Spec  # decoding modes (river_edge/spec.py); `mode` overrides forced_exit
-
-        self._spec = Spec(self, mode, gate)
         self._cache_contract = self._contract()
 
     # -- the KV cache's contract ---------------------------------------------------------------

@@ -191,8 +191,7 @@ class Spec:
         self._zero_run = 0
         # tests and benchmarks: draft exactly this many (no cost model), or a callable drawing k per cycle
         self.fixed_k: int | Callable[[], int] | None = None
-        if mode is not None:
-            self.mode = mode
+        self.mode = mode if mode is not None else self._mode
 
     # -- mode ------------------------------------------------------------------------------------
     def stored_gate(self) -> float:

@@ -29,7 +29,8 @@ from river_edge.reference.ggml_numerics import unrounded_weights  # noqa: E402
 from river_edge.runtime import RiverLlama  # noqa: E402
 from river_edge.tokenizer import quiet_llama_logs  # noqa: E402
 
-from gguf_edit import swapped  # noqa: E402
+from gguf import GGUFValueType  # noqa: E402
+from gguf_edit import rewrite, swapped  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
@@ -200,6 +201,16 @@ def test_river_off_and_infinite_thresholds_are_the_stock_path(river_path, tmp_pa
     assert forced.exit_histogram()[-1] == 7
 
 
+def test_stock_code_gets_the_backbone(river_path, tmp_path):
+    """A river GGUF in a stock llama_cpp.Llama (a server, a script that knows nothing of the river) runs the
+    backbone, lossless, not the exit rule."""
+    want = greedy(stock(plain(river_path, tmp_path / "backbone.gguf", "backbone")))[1]
+    calibrated = rewrite(river_path, tmp_path / "calibrated.gguf", keys={
+        "river.thresholds": ([0.0] * 4, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+        "river.min_exit_layer": (0, GGUFValueType.UINT32)})   # the rule would exit at layer 0 every token
+    assert greedy(stock(calibrated))[1].tobytes() == want.tobytes()
+
+
 # -- 2. forced exit: the reference, and a stock GGUF whose layers > e carry the river weights --------------
 
 def test_forced_exit(river_path, ref, tmp_path):
@@ -326,6 +337,7 @@ def test_two_sequence_batch(river_path, ref):
     with quiet_llama_logs():
         m._ctx = LlamaContext(model=m._model, params=p, verbose=False)
     m.thresholds, m.min_exit_layer = tau, 0
+    m.force_exit(None)  # a new context starts on the backbone: the rule only when asked for
     batch = LlamaBatch(n_tokens=64, embd=0, n_seq_max=2, verbose=False)
     batch.add_sequence(a, 0, True)
     batch.add_sequence(b, 1, True)

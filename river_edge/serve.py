@@ -1,0 +1,131 @@
+"""`river serve`: llama-cpp-python's own OpenAI-compatible app with a RiverLlama as its model.
+
+One model, every decoding mode: a request names `NAME` (the server's mode) or `NAME:MODE`
+(`NAME:exact`, `NAME:river`, ...), and `/v1/models` lists them all. Requests run one at a time (the
+app's lock), each under its own mode; RiverLlama drops KV cells another mode wrote, so a lossy request
+never leaks into an exact one. A bad model name is a 400 before anything runs, streaming included.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .format import RiverError
+from .spec import MODES
+
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
+
+
+def _deps():
+    try:
+        import uvicorn  # noqa: F401
+        from llama_cpp.server import app as server_app
+        from llama_cpp.server.settings import ModelSettings, ServerSettings
+    except ImportError as e:
+        raise RiverError(f"river serve needs llama-cpp-python's server packages ({e.name} is missing): "
+                         "run `make setup`") from None
+    return server_app, ModelSettings, ServerSettings
+
+
+class RiverProxy:
+    """What llama-cpp-python's app asks for a model: one RiverLlama, its mode set per request."""
+
+    def __init__(self, llm, name: str, mode: str):
+        self.llm, self.name, self.default = llm, name, mode
+        self.modes = MODES if llm.has_river else ("backbone",)
+
+    def resolve(self, model: str | None) -> str:
+        """The mode a request's model field asks for; RiverError naming the problem otherwise."""
+        if model is None or model == self.name:
+            return self.default
+        name, sep, mode = model.partition(":")
+        if name != self.name or not sep:
+            raise RiverError(f"unknown model {model!r}: this server has {', '.join(self)}")
+        if mode not in self.modes:
+            raise RiverError(f"unknown mode {mode!r} in model {model!r}: use one of {', '.join(self.modes)}")
+        return mode
+
+    def __call__(self, model: str | None = None):
+        self.llm.mode = self.resolve(model)
+        return self.llm
+
+    def __iter__(self):
+        yield self.name
+        for m in self.modes:
+            yield f"{self.name}:{m}"
+
+    def free(self):
+        self.llm.close()
+
+
+class CheckModel:
+    """ASGI middleware: a completion request whose `model` the proxy cannot resolve gets a 400 with the
+    reason, before the app starts (a streamed response could no longer change its status)."""
+
+    def __init__(self, app, proxy: RiverProxy):
+        self.app, self.proxy = app, proxy
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in ROUTES:
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            model = json.loads(body or b"{}").get("model")
+            self.proxy.resolve(model)
+        except RiverError as e:
+            return await _error(send, 400, str(e))
+        except (ValueError, AttributeError):
+            pass   # not JSON: the app answers that itself
+
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+        await self.app(scope, replay, send)
+
+
+async def _error(send, status: int, message: str):
+    data = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def create_app(model: Path, *, name: str | None = None, mode: str = "exact", n_ctx: int = 4096,
+               threads: int | None = None, **river_kw):
+    """The OpenAI app over one river GGUF (`mode` for requests that name no mode)."""
+    from .runtime import RiverLlama
+
+    server_app, ModelSettings, ServerSettings = _deps()
+    name = name or Path(model).name.removesuffix(".gguf")
+    llm = RiverLlama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, **river_kw)
+    proxy = RiverProxy(llm, name, mode)
+    proxy.resolve(f"{name}:{mode}")   # a bad default mode fails here, not at the first request
+    settings = ModelSettings(model=str(model), model_alias=name, n_ctx=n_ctx)
+    # requests queue one after another: a new one must not cut a running stream (the app's default)
+    server = ServerSettings(interrupt_requests=False)
+    keep = server_app.set_llama_proxy
+    server_app.set_llama_proxy = lambda model_settings: None   # the app would load a stock Llama
+    try:
+        app = server_app.create_app(server_settings=server, model_settings=[settings])
+    finally:
+        server_app.set_llama_proxy = keep
+    server_app._llama_proxy = proxy
+    app.add_middleware(CheckModel, proxy=proxy)
+    return app
+
+
+def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, **kw) -> None:
+    import uvicorn
+
+    app = create_app(model, **kw)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

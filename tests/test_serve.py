@@ -1,0 +1,96 @@
+"""`river serve`: llama-cpp-python's OpenAI app over a river GGUF, started on 127.0.0.1 in a subprocess and
+driven with the `openai` client package, as a user's own client would."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+R = pytest.importorskip("river_edge.runtime")
+pytestmark = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
+
+MSGS = [{"role": "user", "content": "say something"}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    port = _free_port()
+    p = subprocess.Popen([sys.executable, "-m", "river_edge.cli.main", "serve", str(tiny_llama), "--port", str(port),
+                          "--name", "tiny", "--ctx", "512", "-t", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+    deadline = time.time() + 60
+    while True:
+        try:
+            client.models.list()
+            break
+        except openai.APIConnectionError:
+            if p.poll() is not None or time.time() > deadline:
+                p.kill()
+                pytest.fail(f"river serve did not start: {p.stdout.read()}")
+            time.sleep(0.2)
+    yield client
+    p.terminate()
+    p.wait(10)
+
+
+def _chat(client, model, **kw):
+    r = client.chat.completions.create(model=model, messages=MSGS, max_tokens=24, temperature=0, **kw)
+    return r.choices[0].message.content
+
+
+def test_models_lists_every_mode(server):
+    ids = [m.id for m in server.models.list().data]
+    assert ids == ["tiny", "tiny:exact", "tiny:gated", "tiny:river", "tiny:fast", "tiny:backbone"]
+
+
+def test_exact_writes_the_backbones_text_and_fast_does_not(server):
+    backbone = _chat(server, "tiny:backbone")
+    assert _chat(server, "tiny:exact") == backbone
+    assert _chat(server, "tiny") == backbone          # the server's default mode: exact
+    assert _chat(server, "tiny:fast") != backbone     # the mode really changes per request
+    assert _chat(server, "tiny:exact") == backbone    # and a lossy request leaves nothing behind
+    r = server.completions.create(model="tiny:exact", prompt="the cat", max_tokens=16, temperature=0)
+    b = server.completions.create(model="tiny:backbone", prompt="the cat", max_tokens=16, temperature=0)
+    assert r.choices[0].text == b.choices[0].text
+
+
+def test_streaming(server):
+    chunks = server.chat.completions.create(model="tiny:exact", messages=MSGS, max_tokens=24, temperature=0,
+                                            stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == _chat(server, "tiny:backbone")
+
+
+def test_two_concurrent_clients(server):
+    want = {m: _chat(server, f"tiny:{m}") for m in ("exact", "fast")}
+    got = {}
+
+    def ask(m):
+        got[m] = _chat(server, f"tiny:{m}")
+    threads = [threading.Thread(target=ask, args=(m,)) for m in want]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == want
+
+
+@pytest.mark.parametrize("model, fragment", [("tiny:turbo", "unknown mode 'turbo'"),
+                                             ("other", "unknown model 'other'")])
+def test_bad_model_names_are_400s(server, model, fragment):
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            server.chat.completions.create(model=model, messages=MSGS, max_tokens=4, stream=stream)
+        assert fragment in str(e.value)
