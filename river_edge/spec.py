@@ -26,8 +26,10 @@ Exactness
     backbone-written cells (drafted cells are removed before the backbone batch writes them again; the
     rejected ones are removed after). The one caveat is ggml's arithmetic: a position decoded in a batch
     of k+1 gets logits (and K/V) that differ from one-token decoding in the last bits (measured on the
-    tiny models: up to ~1e-3 on logits, the same as a one-batch prefill of the same text differs). So the
-    identity is exact up to near-ties at that level; measured: identical on both tiny architectures, on
+    tiny models: up to ~1e-3 on logits, the same as a one-batch prefill of the same text differs). A
+    position whose top-2 margin is within 4x the rounding measured at start-up is decoded again alone, as
+    backbone mode decodes it, so the output does not depend on k; the identity is exact up to ties below
+    that bound (the K/V of batched cells still differ in the last bits); measured: identical on both tiny architectures, on
     512 tokens of SmolLM2-135M and on every benchmark round of Qwen2.5-Coder-0.5B. Ties break as in
     llama.cpp's greedy sampler (first index).
   sampling (temp != 0): standard speculative sampling (Leviathan et al. 2023, Chen et al. 2023): draft
@@ -37,10 +39,12 @@ Exactness
     (top_k -> top_p -> min_p on the untempered logits, then / temp, softmax; temp < 0: plain softmax).
     The output is then distributed exactly as backbone sampling with those settings (up to float rounding
     at the top-p / min-p boundaries); it is not the same sample stream for a given seed.
-  Decoded exactly by speculation: temp, top_k, top_p, min_p, seed. Penalties (repeat/frequency/presence
-    != neutral), typical_p != 1, mirostat, grammar, logits_processor / logit_bias, logits_all (logprobs)
-    are not speculated: exact mode then decodes on the backbone alone with llama.cpp's own sampler
-    (still exact, no speed-up) and stats()["spec_off"] says why.
+  Decoded exactly by speculation: temp, top_k, top_p, min_p, seed, and the history-dependent parts of the
+    chain: repeat / frequency / presence penalties over the last last_n_tokens_size generated tokens and
+    logits processors (logit_bias, min_tokens), applied to every verified row with the history of its
+    position (Transform). Not speculated: typical_p != 1, mirostat, grammar, logits_all (logprobs), a
+    draft_model: exact mode then decodes on the backbone alone with llama.cpp's own sampler (still exact,
+    no speed-up) and stats()["spec_off"] says why.
 
 Choosing k: tokens per cycle E(k) = (1 - a^(k+1)) / (1 - a) for a per-token acceptance a (decayed
 running estimate), cost(k) = k * draft_step + verify(k + 1); k = argmax E/cost over 0..kmax. The costs are
@@ -133,6 +137,40 @@ def _softmax64(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     e = np.exp(x - x.max())
     return e / e.sum()
+
+
+class Transform:
+    """What llama-cpp-python's sampler chain does to logits before choosing, for the parts that depend only on
+    the history: its logits processors (logit_bias, min_tokens), then llama.cpp's penalties over the last
+    `last_n` tokens *generated in this call* (the chain is new each call and accepts only sampled tokens).
+    Applied to the backbone's rows (and the river's drafts) inside the speculative loop, row by row with the
+    history that position has, so penalised decoding stays exact and fast."""
+
+    def __init__(self, kw: dict, last_n: int):
+        self.repeat = np.float32(kw.get("repeat_penalty", 1.0))
+        self.freq = np.float32(kw.get("frequency_penalty", 0.0))
+        self.present = np.float32(kw.get("presence_penalty", 0.0))
+        self.last_n = int(last_n)
+        self.procs = list(kw.get("logits_processor") or [])
+        self.penalties = bool(self.last_n != 0 and (self.repeat != 1 or self.freq != 0 or self.present != 0))
+
+    def __bool__(self) -> bool:
+        return self.penalties or bool(self.procs)
+
+    def __call__(self, row: np.ndarray, ids, generated: list[int]) -> np.ndarray:
+        """row: logits after the token ids[-1]; generated: the tokens sampled so far in this call."""
+        x = np.array(row, dtype=np.float32)
+        for proc in self.procs:
+            x = np.asarray(proc(np.asarray(ids, dtype=np.intc), x), dtype=np.float32)
+        window = generated[-self.last_n:] if self.last_n > 0 else generated
+        if self.penalties and window:
+            toks, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+            v = x[toks]
+            v = np.where(v <= 0, v * self.repeat, v / self.repeat).astype(np.float32)
+            c = counts.astype(np.float32)
+            v = v - (c * self.freq + (c > 0).astype(np.float32) * self.present)
+            x[toks] = v
+        return x
 
 
 def _margin(row: np.ndarray) -> float:
@@ -317,13 +355,9 @@ class Spec:
     def unsupported(self, kw: dict) -> str | None:
         llm = self.llm
         checks = [
-            (kw.get("repeat_penalty", 1.0) != 1.0, "repeat_penalty"),
-            (kw.get("frequency_penalty", 0.0) != 0.0, "frequency_penalty"),
-            (kw.get("presence_penalty", 0.0) != 0.0, "presence_penalty"),
             (kw.get("temp", 0.8) > 0 and kw.get("typical_p", 1.0) < 1.0, "typical_p"),
             (kw.get("temp", 0.8) > 0 and kw.get("mirostat_mode", 0) != 0, "mirostat"),
             (kw.get("grammar") is not None, "grammar"),
-            (kw.get("logits_processor") is not None, "logits_processor/logit_bias"),
             (llm._logits_all, "logits_all (logprobs)"),
             (llm.draft_model is not None, "draft_model"),
         ]
@@ -401,12 +435,20 @@ class Spec:
         rng = self._rng()
         vocab = llm._model.vocab
         is_eog = llama_cpp.llama_vocab_is_eog
+        tf = Transform(kw, llm.last_n_tokens_size)
+        gen: list[int] = []          # tokens generated in this call: the penalties' window
+
+        def fix(row, ids):
+            return tf(row, ids, gen) if tf else row
+
         row = self._prompt(tokens, kw.get("reset", True))
         n, n_ctx = llm.n_tokens, llm._n_ctx
         # the first token from the prompt's own logits, as backbone mode takes it
+        row = fix(row, llm.input_ids[:n])
         pending = int(row.argmax()) if greedy else int(rng.choice(V, p=processed_probs(row, **sp)))
         if stop is not None and stop(llm.input_ids[:n], row):
             return
+        gen.append(pending)
         yield pending
         if n >= n_ctx:
             return
@@ -434,6 +476,8 @@ class Spec:
                     x = pending
                     for i in range(k):
                         row = self._decode([x], n + i, False)[0]
+                        if tf:   # the draft sees the history it would have: acceptance stays high
+                            row = tf(row, [*llm.input_ids[:n + 1], *drafts], gen + drafts)
                         if greedy:
                             d = int(row.argmax())
                         else:
@@ -453,6 +497,12 @@ class Spec:
                 batch = [pending] + drafts
                 rows = self._decode(batch, n, True)
                 cm.observe(len(batch), time.perf_counter() - t0)
+                if tf:   # row i: the history through batch[i], as the sampler would have it there
+                    base = list(llm.input_ids[:n + 1])
+
+                    def at(i, row):
+                        return tf(row, base + drafts[:i], gen + drafts[:i])
+                    rows = np.stack([at(i, rows[i]) for i in range(len(batch))])
                 if greedy:
                     g = rows.argmax(1)
                     j = 0
@@ -467,6 +517,8 @@ class Spec:
                         rows = np.array(rows[:tie + 1])
                         self._rm(n + tie)
                         rows[tie] = self._decode([batch[tie]], n + tie, False)[0]
+                        if tf:
+                            rows[tie] = at(tie, rows[tie])
                         j, out = tie, drafts[:tie] + [int(rows[tie].argmax())]
                 else:
                     out, j = [], 0
@@ -500,6 +552,7 @@ class Spec:
                 for i, tok in enumerate(out):
                     if stop is not None and stop(llm.input_ids[: n + i + 1], rows[i]):
                         return
+                    gen.append(tok)
                     yield tok
                 pending, n = out[-1], keep
                 if n < n_ctx:
