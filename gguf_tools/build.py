@@ -7,6 +7,7 @@ import hashlib
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -170,12 +171,19 @@ class _Writer(GGUFWriter):
         return super()._pack_val(val, vtype, add_vtype, sub_type)
 
 
-def _sweep_parts(dst: Path) -> None:
-    """Remove the temporary files of earlier writes of `dst` whose process is gone (a killed build leaves
-    hundreds of MB behind); the writer's pid is in the name, so a concurrent live write is left alone."""
-    for part in dst.parent.glob(f".{glob.escape(dst.name)}.*.part"):
+def temp_beside(dst: str | Path, suffix: str = ".part") -> Path:
+    """A new empty hidden file beside `dst` for writing it (then os.replace: atomic on one file system).
+
+    Its name carries this process's pid; temporary files of earlier writes of `dst` whose process is gone
+    (a killed build leaves hundreds of MB) are removed first, a live concurrent writer's are left alone.
+    """
+    dst = Path(dst)
+    for part in dst.parent.glob(f".{glob.escape(dst.name)}.*{glob.escape(suffix)}"):
         pid = part.name[len(dst.name) + 2:].split(".", 1)[0]
-        if not pid.isdigit():
+        if not pid.isdigit():   # named before pids were: stale once an hour old
+            with contextlib.suppress(OSError):
+                if time.time() - part.stat().st_mtime > 3600:
+                    part.unlink()
             continue
         try:
             os.kill(int(pid), 0)
@@ -186,6 +194,9 @@ def _sweep_parts(dst: Path) -> None:
             continue          # someone else's live process
         with contextlib.suppress(OSError):
             part.unlink()
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.{os.getpid()}.", suffix=suffix)
+    os.close(fd)
+    return Path(tmp)
 
 
 def _write(dst: Path, arch: str, kv: list[tuple], tensors: list[_Tensor], progress: Progress | None) -> None:
@@ -194,9 +205,7 @@ def _write(dst: Path, arch: str, kv: list[tuple], tensors: list[_Tensor], progre
     Tensor infos go out first and the data one tensor at a time, so at most one converted tensor
     (plus its float32 copy) is in memory at once.
     """
-    _sweep_parts(dst)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.{os.getpid()}.", suffix=".part")
-    os.close(fd)
+    tmp = temp_beside(dst)
     try:
         w = _Writer(tmp, arch)
         for key, val, vtype, sub in kv:

@@ -34,10 +34,13 @@ def parse_modes(text: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
-def _gen(llm, prompt: list[int], n: int) -> tuple[list[int], float]:
-    """n greedy tokens after the first (which comes with the prompt: untimed); (tokens, tok/s)."""
+def _gen(llm, prompt: list[int], n: int) -> tuple[list[int], float, float]:
+    """n greedy tokens after the first; (tokens, decode tok/s, request seconds). Every configuration is
+    timed from the same two points: the request (prefill included) and the first token, which every mode
+    takes from the prompt's logits (exact mode included), to the n-th token after it."""
     llm.reset()
     out, t0 = [], None
+    t_req = time.perf_counter()
     for tok in llm.generate(prompt, temp=0.0, reset=True):
         if t0 is None:
             t0 = time.perf_counter()
@@ -45,7 +48,16 @@ def _gen(llm, prompt: list[int], n: int) -> tuple[list[int], float]:
             out.append(int(tok))
         if len(out) >= n:
             break
-    return out, len(out) / (time.perf_counter() - t0)
+    t1 = time.perf_counter()
+    return out, len(out) / (t1 - t0), t1 - t_req
+
+
+def bootstrap_ci(x, level: float = 0.95, n: int = 2000, seed: int = 0) -> list[float]:
+    """Percentile bootstrap interval of the median of x."""
+    x = np.asarray(x, dtype=float)
+    rng = np.random.default_rng(seed)
+    med = np.median(rng.choice(x, size=(n, len(x)), replace=True), axis=1)
+    return [float(np.quantile(med, (1 - level) / 2)), float(np.quantile(med, (1 + level) / 2))]
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -101,13 +113,13 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     for r in range(rounds):
         order = cfgs[r % len(cfgs):] + cfgs[: r % len(cfgs)]
         for pi, p in enumerate(chats):
-            toks, tps = {}, {}
+            toks, tps, req = {}, {}, {}
             for c in order:
-                (toks[c], tps[c]), st = decode(c, p)
+                (toks[c], tps[c], req[c]), st = decode(c, p)
                 stats[c].append(st)
                 done += 1
                 say(f"round {r + 1}/{rounds}", done, total)
-            rows.append({"round": r, "prompt": pi, "tok_s": tps,
+            rows.append({"round": r, "prompt": pi, "tok_s": tps, "request_s": req,
                          "common_prefix": {c: _common(toks[c], toks["backbone"]) for c in cfgs}})
     res = dict(
         kind="modes", model=B._stem(river_path), river_gguf=str(river_path), files={k: str(v) for k, v in files.items()},
@@ -118,9 +130,12 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         host=host(threads), buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}})
     for c in cfgs:
         ratio = [row["tok_s"][c] / row["tok_s"]["backbone"] for row in rows]
+        req = [row["request_s"]["backbone"] / row["request_s"][c] for row in rows]
         same = [row["common_prefix"][c] for row in rows]
         d = {"tok_s_median": float(np.median([row["tok_s"][c] for row in rows])),
              "ratio_median": float(np.median(ratio)), "ratio_min": float(min(ratio)), "ratio_max": float(max(ratio)),
+             "ratio_ci95": bootstrap_ci(ratio),
+             "request_ratio_median": float(np.median(req)), "request_ratio_ci95": bootstrap_ci(req),
              "identical_runs": sum(s == tokens for s in same), "runs": len(same),
              "common_prefix_mean": float(np.mean(same)),
              "file_mib": files[c if c in PLAIN else "river"].stat().st_size / 2**20}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -67,7 +66,7 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     system, removed afterwards whatever happens) and only the calibrated file appears at `dst`, with
     DST.calibration.json and DST.calibration.png beside it. `src` is never modified.
     """
-    from .gguf_tools.build import build_river
+    from .gguf_tools.build import build_river, temp_beside
 
     src, dst = Path(src), Path(dst)
     say = progress or _quiet
@@ -85,8 +84,7 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     if target is None:
         build_river(src, dst, **kw)
         return None
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".uncalibrated.gguf")
-    os.close(fd)
+    tmp = temp_beside(dst, ".uncalibrated.gguf")
     try:
         build_river(src, tmp, **kw)
         return calibrate_file(tmp, dst, target, settings or Settings(), say, label=dst.name)

@@ -443,8 +443,9 @@ def ensure_plain(model: Path, qtype: str, progress: Progress | None = None, cach
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".gguf")
-    os.close(fd)
+    from .gguf_tools.build import temp_beside
+
+    tmp = temp_beside(dst, ".gguf")
     try:
         say = progress or (lambda *a: None)
         plain(model, tmp, qtype, lambda done, total, what: say(f"quantizing to {qtype}", done, total))

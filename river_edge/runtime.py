@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 from pathlib import Path
 from typing import Sequence
 

