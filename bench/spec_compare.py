@@ -145,10 +145,12 @@ def main(argv=None) -> int:
         lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
         mem[c] = json.loads(lines[-1])["peak_mib"] if lines else None
     files = {"backbone": a.backbone, "river": a.river, "draft": a.draft}
+    from river_edge.host import host
+
     summary = {
         "model": a.name, "files": files, "file_mib": {k: Path(v).stat().st_size / 2**20 for k, v in files.items()},
         "threads": a.threads, "tokens": a.tokens, "rounds": a.rounds, "draft_k": a.k,
-        "prompts": PROMPTS, "load_before": load_before, "load_after": os.getloadavg(),
+        "prompts": PROMPTS, "load_before": load_before, "load_after": os.getloadavg(), "host": host(a.threads),
         "tok_s_median": {c: float(np.median([row[c] for row in rows])) for c in configs},
         "ratio_median": {c: float(np.median([row[c] / row["backbone"] for row in rows])) for c in configs},
         "identical_rounds": {c: int(sum(same[c])) for c in configs},

@@ -2,8 +2,9 @@
 """Build llama-cpp-python 0.3.36 with the river patch series applied, cache the wheel, install it.
 
 The wheel is cached under $RIVER_EDGE_CACHE (default ~/.cache/river-edge) keyed by the hash of the
-series, the build flags, the compilers and the CPU (GGML_NATIVE builds for this CPU's ISA), so an
-unchanged series reinstalls in seconds and an installed build that already matches does nothing at all.
+series, the build flags and the compilers (and the CPU where ggml is built natively: on Linux x86-64 and ARM
+every CPU variant is in the wheel, so it travels), so an unchanged series reinstalls in seconds and an
+installed build that already matches does nothing at all.
 """
 from __future__ import annotations
 
@@ -30,15 +31,31 @@ CMAKE_ARGS = [
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_OPENSSL=OFF",
 ]
+# As llama.cpp's release builds: every CPU variant as a loadable module, the best one the host can run
+# chosen at load (patch 0007 installs and loads them). The wheel then runs on any host of its
+# architecture, and AMX, AVX512 or AVX2 kernels are used where the CPU has them.
+PORTABLE = ["-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_NATIVE=OFF"]
 
 
-def series() -> list[Path]:
-    """Patches in the order named by patches/series (one file name per line)."""
-    names = [l.strip() for l in (HERE / "series").read_text().splitlines()]
-    return [HERE / n for n in names if n and not n.startswith("#")]
+def portable() -> bool:
+    """GGML_CPU_ALL_VARIANTS covers x86-64 and ARM on Linux; elsewhere (macOS: Metal) a native build."""
+    return sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64")
+
+
+def series() -> list[tuple[Path, str]]:
+    """(patch, where) in the order named by patches/series: one file name per line, then `root` for a patch
+    to llama-cpp-python itself (applied at the sdist's root), else it patches the vendored llama.cpp."""
+    out = []
+    for line in (HERE / "series").read_text().splitlines():
+        words = line.split("#", 1)[0].split()
+        if words:
+            out.append((HERE / words[0], words[1] if len(words) > 1 else "vendor/llama.cpp"))
+    return out
 
 
 def cpu_tag() -> str:
+    if portable():
+        return platform.machine()   # every CPU variant is in the wheel
     # GGML_NATIVE builds for this CPU: a cached wheel must not travel to a different one.
     flags = ""
     try:
@@ -67,9 +84,9 @@ def compilers() -> str:
 def series_hash(extra_cmake: list[str]) -> str:
     h = hashlib.sha256()
     h.update(f"{VERSION}\n{sys.version_info[:2]}\n{cpu_tag()}\n{compilers()}\n".encode())
-    h.update(" ".join(CMAKE_ARGS + extra_cmake).encode())
-    for p in series():
-        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    h.update(" ".join(CMAKE_ARGS + (PORTABLE if portable() else []) + extra_cmake).encode())
+    for p, where in series():
+        h.update(p.name.encode() + b"\0" + where.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -99,8 +116,8 @@ def prepare_tree(python: str, dest: Path) -> Path:
     with tarfile.open(sdist(python)) as tf:
         tf.extractall(dest, filter="data")
     root = dest / f"llama_cpp_python-{VERSION}"
-    for p in series():
-        run(["patch", "-p1", "--forward", "--batch", "-d", str(root / "vendor" / "llama.cpp"), "-i", str(p)])
+    for p, where in series():
+        run(["patch", "-p1", "--forward", "--batch", "-d", str(root if where == "root" else root / where), "-i", str(p)])
     return root
 
 
@@ -136,7 +153,7 @@ def main() -> int:
             root = prepare_tree(args.python, Path(tmp))
             (root / "llama_cpp" / "RIVER_BUILD").write_text(tag + "\n")
             # The marker file must ship in the wheel: scikit-build-core packages llama_cpp/ whole.
-            env = dict(os.environ, CMAKE_ARGS=" ".join(CMAKE_ARGS + extra),
+            env = dict(os.environ, CMAKE_ARGS=" ".join(CMAKE_ARGS + (PORTABLE if portable() else []) + extra),
                        CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
             out = Path(tmp) / "wheel"
             run([args.python, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(root)], env=env)

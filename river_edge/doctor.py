@@ -23,7 +23,9 @@ def report(model: Path | None = None, threads: int | None = None) -> str:
         f"load        {' '.join(map(str, h['loadavg_1_5_15']))} (1, 5, 15 min)",
     ]
     if rt["llama_cpp_python"] is not None:
-        lines.append(f"devices     {'; '.join(rt['devices']) or '?'}")
+        variant = (f"CPU variant {rt['cpu_variant']} (one of the build's variants, the best this CPU runs)"
+                   if rt["cpu_variant"] else "CPU backend built in (native build)")
+        lines.append(f"devices     {'; '.join(rt['devices']) or '?'}; {variant}")
         lines.append(f"ggml        {rt['system_info']}")
     if model is not None and rt["patched"]:
         from .runtime import RiverLlama

@@ -47,7 +47,22 @@ def runtime() -> dict:
 
     return {"llama_cpp_python": llama_cpp.__version__, "patched": runtime_is_patched(),
             "build": tag.read_text().strip() if tag.exists() else None, "devices": devices(),
+            "cpu_variant": cpu_variant(),
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
+
+
+def cpu_variant() -> str | None:
+    """The ggml CPU variant loaded in this process (a GGML_BACKEND_DL build: libggml-cpu-<variant>), or None
+    when the CPU backend is built in. Read from the process's own memory map, after devices() loaded it."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        name = line.rsplit("/", 1)[-1]
+        if "ggml-cpu-" in name:
+            return name.split("ggml-cpu-", 1)[1].split(".", 1)[0]
+    return None
 
 
 def devices() -> list[str]:
@@ -57,9 +72,17 @@ def devices() -> list[str]:
     import llama_cpp
 
     llama_cpp.llama_backend_init()
-    try:
-        lib = ctypes.CDLL(str(Path(llama_cpp.__file__).with_name("lib") / "libggml.so"))
-    except OSError:
+    # the file libllama links (libggml.so.0): the wheel's libggml.so is a copy with a registry of its own
+    lib_dir = Path(llama_cpp.__file__).with_name("lib")
+    names = sorted(p.name for p in lib_dir.glob("libggml.so.*") if p.name.count(".") == 2) + ["libggml.so"]
+    lib = None
+    for n in names:
+        try:
+            lib = ctypes.CDLL(str(lib_dir / n))
+            break
+        except OSError:
+            continue
+    if lib is None:
         return []
     c = ctypes
     for name, args, res in (("ggml_backend_dev_count", [], c.c_size_t), ("ggml_backend_dev_get", [c.c_size_t], c.c_void_p),

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .format import RiverError
+from .host import host
 
 Progress = Callable[[str, int, int], None]
 STEP_MODES = ("backbone", "river", "fast")  # exact/gated pick their own tokens: not teacher-forceable
@@ -139,6 +140,7 @@ def kl_along_sequence(river_path, modes: Sequence[str] = ("river", "fast"), *, p
         t0 = time.perf_counter()
         toks, ref, eos = _backbone(llm, ids, n_tokens, say, "backbone text")
         out = {"model": Path(river_path).name, "n_layer": llm.n_layer, "n_tokens": n_tokens, "threads": threads,
+               "host": host(threads),
                "prompt": prompt, "prompt_tokens": len(ids), "window": window,
                "ref_dtype": str(ref.rows.dtype), "backbone_seconds": time.perf_counter() - t0,
                "eos_positions": eos, "continuation": llm.detokenize(toks).decode(errors="replace"),
@@ -240,6 +242,7 @@ def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, thre
         def pooled(key: str, what: str) -> float:
             return float(np.mean([x for q in seqs for x in q[what][key]]))
         return {"model": Path(river_path).name, "n_layer": L, "n_tokens": n_tokens, "threads": threads,
+                "host": host(threads),
                 "n_seq": n_seq, "window": window, "ref_dtype": str(refs[0].rows.dtype),
                 "thresholds": None if thresholds is None else llm.thresholds,
                 "sequences": seqs, "batch_exits": exits, "batch_hist": list(hist), "batch_seconds": sec,

@@ -255,9 +255,11 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     for d in out.values():   # the same run, one config after another (not alternating): a coarse speed
         d["speed_ratio"] = d["decode_tok_s"] / out["backbone"]["decode_tok_s"]
     say("done", len(configs), len(configs))
+    from .host import host
+
     return {"kind": "quality", "model": B._stem(river_path), "river_gguf": str(river_path),
             "shipped_type": _shipped_type(notes.get("source_file")), "head_share": _head_share(river_path),
-            "weights": B.weights_note(notes), "notes": notes, "n_layer": L, "threads": threads,
+            "weights": B.weights_note(notes), "notes": notes, "n_layer": L, "threads": threads, "host": host(threads),
             "texts": [s for s, _ in texts], "max_tokens": max_tokens, "positions": out["backbone"]["positions"],
             "gguf_thresholds": gguf_tau, "taus": ref_tau, "gate_entropy": gate, "seed": seed,
             "elapsed_s": time.time() - t0, "configs": out}

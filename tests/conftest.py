@@ -57,6 +57,15 @@ def runner(tmp_path, monkeypatch):
 
 def pytest_terminal_summary(terminalreporter):
     """How much of the buffer-type matrix ran, and on what: AMX and CPU_REPACK exist only on some hosts."""
+    var = [r for k in ("passed", "failed", "skipped") for r in terminalreporter.stats.get(k, [])
+           if "cpu_variant-" in r.nodeid and (r.when == "call" or r.skipped)]
+    if var:
+        name = lambda r: r.nodeid.split("cpu_variant-", 1)[1].rstrip("]")  # noqa: E731
+        terminalreporter.write_line(
+            f"CPU variants: ran {', '.join(name(r) for r in var if r.passed) or 'none'}"
+            + (f"; failed {', '.join(name(r) for r in var if r.failed)}" if any(r.failed for r in var) else "")
+            + (f"; skipped (this CPU cannot run them) {', '.join(name(r) for r in var if r.skipped)}"
+               if any(r.skipped for r in var) else ""))
     reports = [r for k in ("passed", "failed") for r in terminalreporter.stats.get(k, [])
                if r.when == "call" and "extra_bufts" in r.nodeid]
     if not reports:
