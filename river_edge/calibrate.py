@@ -363,6 +363,9 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
     for tau_c, m_c, q in candidates(tr_test, s.rule, [m]):
         sweep.append(dict(quantile=q, **predict(tr_test, exits_of(tr_test.sims, tau_c, m_c))))
     median = {k: float(np.nanmedian(v)) for k, v in quality.items()}
+    # the least threshold exits at the min exit layer whatever the similarity: one exit layer for every
+    # token, so "random tokens at the same depth" is the same configuration, not a comparison
+    degenerate = chosen["quantile"] == 0 or bool(np.all(np.asarray(tau[m:L - 1]) <= 0.0))
     progress("done", total, total)
     return {
         "target": asdict(target),
@@ -379,19 +382,31 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
         "test_clean_sweep": sweep,
         "spearman_per_layer": quality,
         "spearman_median": median,
-        "verdict": verdict(median, test_rule, test_random),
+        "degenerate": degenerate,
+        "target_met_on_test": target.met(test_rule),
+        "verdict": verdict(median, test_rule, test_random, degenerate, target, int(m)),
     }
 
 
-def verdict(median: dict, rule: dict, rnd: dict) -> str:
+def verdict(median: dict, rule: dict, rnd: dict, degenerate: bool = False, target: Target | None = None,
+            m: int = 0) -> str:
     rho = median["cosine"]
     words = "barely predicts" if abs(rho) < 0.3 else "weakly predicts" if abs(rho) < 0.5 else "predicts"
     s = (f"the paper's cosine signal {words} the damage of exiting on this model (median Spearman "
          f"{rho:+.2f} per layer; a useful signal would be strongly negative); the river's own entropy: "
          f"{median['river_entropy']:+.2f}.")
-    # random is drawn at the rule's depth; a small excess depth (sampling noise) still counts as "same"
-    if rule["depth"] <= rnd["depth"] * 1.02 + 0.1 and rule["kl"] > rnd["kl"]:
-        s += f" Random token selection at the same depth does better (KL {rnd['kl']:.4f} vs {rule['kl']:.4f})."
+    if degenerate:
+        s += (f" Degenerate fit: every token exits after layer {m} whatever its similarity (the rule decides "
+              "nothing; random selection at that depth is the same configuration).")
+    elif rule["depth"] <= rnd["depth"] * 1.02 + 0.1 and rule["kl"] != rnd["kl"]:
+        # random is drawn at the rule's depth; a small excess depth (sampling noise) still counts as "same"
+        better = "random token selection" if rnd["kl"] < rule["kl"] else "the rule"
+        s += (f" At the same depth {better} does better (KL {min(rnd['kl'], rule['kl']):.4f} vs "
+              f"{max(rnd['kl'], rule['kl']):.4f}).")
+    if target is not None and not target.met(rule):
+        got = rule[target.kind]
+        s += (f" The target {target.kind} {'<=' if target.kind != 'agreement' else '>='} {target.value:g} is not met "
+              f"on unseen prompts: {got:.4g}, {abs(got - target.value):.2g} off.")
     return s
 
 

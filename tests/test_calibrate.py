@@ -107,3 +107,18 @@ def test_bad_targets_and_inputs(tiny_llama, tmp_path):
     base = plain(tiny_llama, tmp_path / "base.gguf", "backbone")
     with pytest.raises(RiverError, match="river"):
         C.calibrate_file(base, tmp_path / "out.gguf", C.Target("kl", 0.1))
+
+
+def test_verdict_words_follow_the_numbers():
+    from river_edge.calibrate import Target, verdict
+
+    med = {"cosine": -0.02, "river_entropy": 0.83}
+    rule, rnd = {"depth": 2.0, "kl": 0.10, "agreement": 0.8}, {"depth": 2.0, "kl": 0.10, "agreement": 0.8}
+    v = verdict(med, rule, rnd, degenerate=True, target=Target("kl", 0.05), m=1)
+    assert "Degenerate fit: every token exits after layer 1" in v and "does better" not in v
+    assert "not met on unseen prompts: 0.1, 0.05 off" in v
+    better = verdict(med, dict(rule, kl=0.05), rnd, target=Target("kl", 0.05))
+    assert "the rule does better (KL 0.0500 vs 0.1000)" in better and "not met" not in better
+    worse = verdict(med, dict(rule, kl=0.2), rnd)
+    assert "random token selection does better (KL 0.1000 vs 0.2000)" in worse
+    assert "does better" not in verdict(med, rule, rnd)   # equal KL: neither is better
