@@ -508,17 +508,13 @@ def serve(
     /v1/models lists NAME (the --mode) and NAME:exact, NAME:gated, NAME:river, NAME:fast, NAME:backbone; \
 /v1/completions and /v1/chat/completions (streaming too) take any of them. Requests run one at a time.
     """
-    from river_edge.runtime import RiverLlama  # noqa: F401  (fails early without the runtime)
     from river_edge.serve import serve as run
 
     with _cache(cache_dir):
         with Bars() as bars:
             path = _model_path(model, bars)
-    from river_edge.gguf_tools.inspect import inspect_gguf
-
-    chosen = mode.value if mode is not None else ("exact" if inspect_gguf(path)["river"] else "backbone")
-    typer.echo(f"serving {path} on http://{host}:{port}/v1 (default mode {chosen}); Ctrl-C stops", err=True)
-    run(path, host=host, port=port, name=name, mode=chosen, n_ctx=ctx, threads=threads)
+    run(path, host=host, port=port, name=name, mode=mode.value if mode is not None else None, n_ctx=ctx,
+        threads=threads, say=lambda msg: typer.echo(msg, err=True))
 
 
 @_command(epilog="Examples: river chat\n\nriver chat model.river.gguf --tau 0.95 --color-depth\n\n"

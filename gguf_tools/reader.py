@@ -35,8 +35,10 @@ def open_gguf(path: str | Path) -> GGUFReader:
     return r
 
 
-# Sizes of GGUF's fixed-size value types (GGUFValueType order); 8 = string and 9 = array are walked.
-_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+# Sizes of GGUF's fixed-size value types; strings and arrays are walked.
+_V = GGUFValueType
+_FIXED = {_V.UINT8: 1, _V.INT8: 1, _V.UINT16: 2, _V.INT16: 2, _V.UINT32: 4, _V.INT32: 4, _V.FLOAT32: 4,
+          _V.BOOL: 1, _V.UINT64: 8, _V.INT64: 8, _V.FLOAT64: 8}
 
 
 def _check_lengths(p: Path) -> None:
@@ -49,11 +51,14 @@ def _check_lengths(p: Path) -> None:
     with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         pos = 4
 
-        def take(n: int, what: str) -> int:
-            nonlocal pos
+        def need(n: int, what: str) -> None:
             if n < 0 or pos + n > size:
                 raise RiverError(f"{p}: truncated or corrupt GGUF ({what} claims {n} bytes at offset {pos}, "
                                  f"the file has {size})")
+
+        def take(n: int, what: str) -> int:
+            nonlocal pos
+            need(n, what)
             pos += n
             return pos - n
 
@@ -71,30 +76,27 @@ def _check_lengths(p: Path) -> None:
         if version < 2:
             return  # GGUF v1 (32-bit counts): gguf-py refuses it with its own message
         n_tensors, n_kv = u64("tensor count"), u64("key count")
-        take(n_kv * 12, f"{n_kv} keys")          # each at least a length and a type
-        pos -= n_kv * 12
+        need(n_kv * 12, f"{n_kv} keys")          # each at least a length and a type
         for _ in range(n_kv):
             key = string("a key name")
             vt = u32(f"key {key}")
-            if vt == 9:
+            if vt == _V.ARRAY:
                 st, n = u32(f"key {key}"), u64(f"key {key}")
-                if st == 8:
-                    take(n * 8, f"key {key} ({n} strings)")
-                    pos -= n * 8
+                if st == _V.STRING:
+                    need(n * 8, f"key {key} ({n} strings)")
                     for _ in range(n):
                         take(u64(f"key {key}"), f"key {key}")
                 elif st in _FIXED:
                     take(n * _FIXED[st], f"key {key} ({n} elements)")
                 else:
                     raise RiverError(f"{p}: truncated or corrupt GGUF (key {key}: array of unknown type {st})")
-            elif vt == 8:
+            elif vt == _V.STRING:
                 string(f"key {key}")
             elif vt in _FIXED:
                 take(_FIXED[vt], f"key {key}")
             else:
                 raise RiverError(f"{p}: truncated or corrupt GGUF (key {key}: unknown type {vt})")
-        take(n_tensors * 24, f"{n_tensors} tensors")  # name length, n_dims, type, offset at least
-        pos -= n_tensors * 24
+        need(n_tensors * 24, f"{n_tensors} tensors")  # name length, n_dims, type, offset at least
         for _ in range(n_tensors):
             name = string("a tensor name")
             nd = u32(f"tensor {name}")

@@ -365,7 +365,7 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
     median = {k: float(np.nanmedian(v)) for k, v in quality.items()}
     # the least threshold exits at the min exit layer whatever the similarity: one exit layer for every
     # token, so "random tokens at the same depth" is the same configuration, not a comparison
-    degenerate = chosen["quantile"] == 0 or bool(np.all(np.asarray(tau[m:L - 1]) <= 0.0))
+    degenerate = bool(np.all(np.asarray(tau[m:L - 1]) <= 0.0))
     progress("done", total, total)
     return {
         "target": asdict(target),

@@ -30,16 +30,15 @@ def report(model: Path | None = None, threads: int | None = None) -> str:
     if model is not None and rt["patched"]:
         from .runtime import RiverLlama
 
-        for extra in (True, False):
+        placed = {}
+        for extra in (True, False):   # loaded twice: the weights' buffer types with ggml's extra types and without
             llm = RiverLlama(str(model), n_ctx=256, n_threads=threads, extra_bufts=extra, verbose=False)
-            where = "; ".join(f"{role} " + ", ".join(f"{b} x{n}" for b, n in bufts.items())
-                              for role, bufts in H.placement(llm).items())
-            label = "extra bufts on " if extra else "extra bufts off"
-            lines.append(f"{label} {where}")
-            if extra:
-                lines.insert(len(lines) - 1, f"model       {model}: {llm.n_layer} layers, river {'yes' if llm.has_river else 'no'}"
-                             f", threads {llm.context_params.n_threads} (batch {llm.context_params.n_threads_batch})")
+            placed[extra] = "; ".join(f"{role} " + ", ".join(f"{b} x{n}" for b, n in bufts.items())
+                                      for role, bufts in H.placement(llm).items())
+            about = (f"model       {model}: {llm.n_layer} layers, river {'yes' if llm.has_river else 'no'}, "
+                     f"threads {llm.context_params.n_threads} (batch {llm.context_params.n_threads_batch})")
             llm.close()
+        lines += [about, f"extra bufts on  {placed[True]}", f"extra bufts off {placed[False]}"]
     elif model is not None:
         lines.append(f"model       {model}: weights' buffer types need the patched runtime")
     return "\n".join(lines)

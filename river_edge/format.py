@@ -2,6 +2,7 @@
 the same strings and rules."""
 
 import math
+import numbers
 
 FORMAT_VERSION = 1
 
@@ -55,8 +56,6 @@ class RiverError(Exception):
 # rules, and tests/test_validation.py feeds the same bad files to both.
 
 def _number(v, what: str) -> float:
-    import numbers
-
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise RiverError(f"{what} must be a number, got {type(v).__name__} {v!r}")
     return float(v)
@@ -81,8 +80,6 @@ def check_threshold(v, what: str = "threshold") -> float:
 
 def check_thresholds(v, n_layer: int, what: str = "thresholds") -> list[float]:
     """One threshold for every layer, or one number for all of them."""
-    import numbers
-
     if isinstance(v, numbers.Real) and not isinstance(v, bool):
         return [check_threshold(v, what)] * n_layer
     if isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
@@ -93,8 +90,6 @@ def check_thresholds(v, n_layer: int, what: str = "thresholds") -> list[float]:
 
 
 def _layer(v, what: str, lo: int, hi: int) -> int:
-    import numbers
-
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise RiverError(f"{what} must be a whole number, got {type(v).__name__} {v!r}")
     if not lo <= int(v) <= hi:

@@ -66,24 +66,16 @@ def cpu_variant() -> str | None:
 
 
 def devices() -> list[str]:
-    """ggml's devices as 'NAME: description' (CPU, CUDA0, Vulkan0, ...), from the registry in libggml."""
+    """ggml's devices as 'NAME: description' (CPU, CUDA0, Vulkan0, ...), from the registry of the libggml that
+    libllama uses (llama_cpp.llama_cpp._ggml, patch 0007); [] on a runtime without it."""
     import ctypes
 
     import llama_cpp
 
-    llama_cpp.llama_backend_init()
-    # the file libllama links (libggml.so.0): the wheel's libggml.so is a copy with a registry of its own
-    lib_dir = Path(llama_cpp.__file__).with_name("lib")
-    names = sorted(p.name for p in lib_dir.glob("libggml.so.*") if p.name.count(".") == 2) + ["libggml.so"]
-    lib = None
-    for n in names:
-        try:
-            lib = ctypes.CDLL(str(lib_dir / n))
-            break
-        except OSError:
-            continue
+    lib = getattr(llama_cpp.llama_cpp, "_ggml", None)
     if lib is None:
         return []
+    llama_cpp.llama_backend_init()
     c = ctypes
     for name, args, res in (("ggml_backend_dev_count", [], c.c_size_t), ("ggml_backend_dev_get", [c.c_size_t], c.c_void_p),
                             ("ggml_backend_dev_name", [c.c_void_p], c.c_char_p),
@@ -118,8 +110,3 @@ def placement(llm) -> dict[str, dict[str, int]]:
         out.setdefault(role, Counter())[tensor_buft(llm, t.name) or "?"] += 1
     return {k: dict(v.most_common()) for k, v in out.items()}
 
-
-def isa_line(h: dict) -> str:
-    """One line naming the host: CPU model, the ISA flags that matter, threads."""
-    c = h["cpu"]
-    return f"{c['model']} ({', '.join(c['isa']) or 'no SIMD flags found'}), {h['threads'] or c['cpus']} threads"

@@ -273,10 +273,7 @@ class RiverLlama(llama_cpp.Llama):
 
     @forced_exit.setter
     def forced_exit(self, e: int | None) -> None:
-        lib, ctx = self._need_river()
-        e = F.check_forced_exit(e, self.n_layer)
-        if lib.llama_river_set_forced_exit(ctx, EXIT_RULE if e is None else e) != 0:
-            raise RiverError(f"llama.cpp refused forced exit layer {e}")
+        self.force_exit(e)
         self._sync_cache()
 
     def force_exit(self, e: int | None) -> None:
@@ -285,7 +282,8 @@ class RiverLlama(llama_cpp.Llama):
         drops cells written under another exit instead."""
         lib, ctx = self._need_river()
         e = F.check_forced_exit(e, self.n_layer)
-        lib.llama_river_set_forced_exit(ctx, EXIT_RULE if e is None else e)
+        if lib.llama_river_set_forced_exit(ctx, EXIT_RULE if e is None else e) != 0:
+            raise RiverError(f"llama.cpp refused forced exit layer {e}")
 
     @property
     def has_river_head(self) -> bool:

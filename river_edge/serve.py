@@ -100,14 +100,16 @@ async def _error(send, status: int, message: str):
     await send({"type": "http.response.body", "body": data})
 
 
-def create_app(model: Path, *, name: str | None = None, mode: str = "exact", n_ctx: int = 4096,
+def create_app(model: Path, *, name: str | None = None, mode: str | None = None, n_ctx: int = 4096,
                threads: int | None = None, **river_kw):
-    """The OpenAI app over one river GGUF (`mode` for requests that name no mode)."""
+    """The OpenAI app over one river GGUF (`mode` for requests that name no mode; default exact, or
+    backbone for a GGUF without a river) and its proxy."""
     from .runtime import RiverLlama
 
     server_app, ModelSettings, ServerSettings = _deps()
     name = name or Path(model).name.removesuffix(".gguf")
     llm = RiverLlama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, **river_kw)
+    mode = mode or ("exact" if llm.has_river else "backbone")
     proxy = RiverProxy(llm, name, mode)
     proxy.resolve(f"{name}:{mode}")   # a bad default mode fails here, not at the first request
     settings = ModelSettings(model=str(model), model_alias=name, n_ctx=n_ctx)
@@ -121,11 +123,12 @@ def create_app(model: Path, *, name: str | None = None, mode: str = "exact", n_c
         server_app.set_llama_proxy = keep
     server_app._llama_proxy = proxy
     app.add_middleware(CheckModel, proxy=proxy)
-    return app
+    return app, proxy
 
 
-def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, **kw) -> None:
+def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, say=print, **kw) -> None:
     import uvicorn
 
-    app = create_app(model, **kw)
+    app, proxy = create_app(model, **kw)
+    say(f"serving {model} on http://{host}:{port}/v1 as {proxy.name} (default mode {proxy.default}); Ctrl-C stops")
     uvicorn.run(app, host=host, port=port, log_level="warning")

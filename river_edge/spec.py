@@ -260,8 +260,7 @@ class Spec:
             llm.forced_exit = {"river": None, "fast": -1}.get(m, llm.n_layer - 1)
         self._mode = m
         self.st = Stats(mode=m)
-        if hasattr(llm, "_cache_contract"):
-            llm._sync_cache()   # e.g. river K/V left by fast mode must not feed exact mode
+        llm._sync_cache()   # e.g. river K/V left by fast mode must not feed exact mode
 
     def _force(self, e: int) -> None:
         self.llm._river.llama_river_set_forced_exit(self.llm._ctx.ctx, e)
@@ -436,14 +435,10 @@ class Spec:
         is_eog = llama_cpp.llama_vocab_is_eog
         tf = Transform(kw, llm.last_n_tokens_size)
         gen: list[int] = []          # tokens generated in this call: the penalties' window
-
-        def fix(row, ids):
-            return tf(row, ids, gen) if tf else row
-
         row = self._prompt(tokens, kw.get("reset", True))
         n, n_ctx = llm.n_tokens, llm._n_ctx
         # the first token from the prompt's own logits, as backbone mode takes it
-        row = fix(row, llm.input_ids[:n])
+        row = tf(row, llm.input_ids[:n], gen) if tf else row
         pending = int(row.argmax()) if greedy else int(rng.choice(V, p=processed_probs(row, **sp)))
         if stop is not None and stop(llm.input_ids[:n], row):
             return

@@ -209,6 +209,8 @@ def test_stock_code_gets_the_backbone(river_path, tmp_path):
         "river.thresholds": ([0.0] * 4, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
         "river.min_exit_layer": (0, GGUFValueType.UINT32)})   # the rule would exit at layer 0 every token
     assert greedy(stock(calibrated))[1].tobytes() == want.tobytes()
+    ruled = river(calibrated, mode="river")
+    assert np.abs(greedy(ruled)[1] - want).max() > 1e-3 and ruled.last_exit == 0   # the rule would differ
 
 
 # -- 2. forced exit: the reference, and a stock GGUF whose layers > e carry the river weights --------------
