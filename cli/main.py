@@ -170,15 +170,20 @@ Prompts = Annotated[Optional[Path], typer.Option(
 NPrompts = Annotated[int, typer.Option(
     "--n-prompts", min=2, rich_help_panel=CAL, help="Prompts used; half fit the thresholds, half test them.")]
 DecodeTokens = Annotated[int, typer.Option(
-    "--decode-tokens", min=1, rich_help_panel=CAL, help="Greedy decode tokens per prompt.")]
+    "--decode-tokens", min=1, rich_help_panel=CAL,
+    help="Greedy decode tokens per prompt whose exit signals the thresholds are fitted on.")]
+OnlineTokens = Annotated[int, typer.Option(
+    "--online-tokens", min=1, rich_help_panel=CAL,
+    help="Tokens per prompt of the online checks (the rule writing its own K/V): the fit is tightened "
+         "until it meets the target over this length, and reported on unseen prompts at it.")]
 RuleOpt = Annotated[Rule, typer.Option(
     "--rule", rich_help_panel=CAL, help="per-layer thresholds, or the paper's single tau.")]
 
 
-def _settings(prompts, n_prompts, decode_tokens, rule):
+def _settings(prompts, n_prompts, decode_tokens, online_tokens, rule):
     from river_edge.calibrate import Settings, read_prompts
 
-    return Settings(n_prompts=n_prompts, decode_tokens=decode_tokens, rule=rule.value,
+    return Settings(n_prompts=n_prompts, decode_tokens=decode_tokens, online_tokens=online_tokens, rule=rule.value,
                     prompts=read_prompts(prompts) if prompts is not None else [])
 
 
@@ -248,6 +253,7 @@ def build(
     prompts: Prompts = None,
     n_prompts: NPrompts = 16,
     decode_tokens: DecodeTokens = 32,
+    online_tokens: OnlineTokens = 256,
     rule: RuleOpt = Rule.per_layer,
     no_calibrate: Annotated[bool, typer.Option(
         "--no-calibrate", rich_help_panel=CAL,
@@ -266,7 +272,7 @@ The input is never modified.
     if no_calibrate and any(x is not None for x in (max_kl, min_agreement, max_depth, prompts)):
         raise typer.BadParameter("calibration options make no sense with --no-calibrate",
                                  param_hint="'--no-calibrate'")
-    settings = None if no_calibrate else _settings(prompts, n_prompts, decode_tokens, rule)
+    settings = None if no_calibrate else _settings(prompts, n_prompts, decode_tokens, online_tokens, rule)
     from river_edge.defaults import build_calibrated_river, resolve_base
 
     with _cache(cache_dir):
@@ -299,11 +305,12 @@ def calibrate(
     prompts: Prompts = None,
     n_prompts: NPrompts = 16,
     decode_tokens: DecodeTokens = 32,
+    online_tokens: OnlineTokens = 256,
     rule: RuleOpt = Rule.per_layer,
 ):
     """Re-fit the exit thresholds of a river GGUF to a new target, into a new file (never in place)."""
     target = _target(max_kl, min_agreement, max_depth)
-    settings = _settings(prompts, n_prompts, decode_tokens, rule)
+    settings = _settings(prompts, n_prompts, decode_tokens, online_tokens, rule)
     out = output if output is not None else river_gguf.with_name(f"{river_gguf.stem}.calibrated.gguf")
     if _same(river_gguf, out):
         _fail(f"{out}: calibration never overwrites its input; choose another output")

@@ -47,7 +47,8 @@ class Target:
 @dataclass
 class Settings:
     n_prompts: int = 16           # split into fit and test halves
-    decode_tokens: int = 32
+    decode_tokens: int = 32       # tokens per prompt whose exit signals and damage are recorded (the fit)
+    online_tokens: int = 256      # tokens per prompt of the online checks: the lengths users generate
     batch: int = 8                # prompts decoded in lockstep (each exits on its own)
     rule: str = "per-layer"       # per-layer quantile thresholds, or "single" tau
     seed: int = 0
@@ -170,24 +171,27 @@ def record(model: RiverModel, prompts: list[list[int]], s: Settings, tick: Calla
     parts, ref = [], {}
     for b0 in range(0, len(prompts), s.batch):
         batch = prompts[b0:b0 + s.batch]
-        caches, toks, hid, logits, pos = _decode_backbone(model, batch, s.decode_tokens)
+        # the backbone decodes as far as the online checks go; the fit records the first decode_tokens
+        T = s.decode_tokens
+        caches, toks, hid, logits, pos = _decode_backbone(model, batch, max(T, s.online_tokens))
+        logp = torch.log_softmax(logits, -1)                       # [B, n, V]: the online reference
+        hid, logits, pos = hid[:, :, :T], logits[:, :T], pos[:, :T]
         if massive is None:
             massive = massive_dims(hid)
-        logp = torch.log_softmax(logits, -1)                       # [B, T, V]
         top = logits.argmax(-1)
         exits = _clean_exits(model, caches, hid, pos, range(L - 1))
-        kl = torch.zeros(len(batch), s.decode_tokens, L)
+        kl = torch.zeros(len(batch), T, L)
         agree = torch.ones_like(kl)
         ent = torch.zeros_like(kl)
         ent[..., L - 1] = _entropy(logits)
         for e, lg in exits:
-            kl[..., e], agree[..., e], ent[..., e] = _kl(logp, lg), (lg.argmax(-1) == top).float(), _entropy(lg)
+            kl[..., e], agree[..., e], ent[..., e] = _kl(logp[:, :T], lg), (lg.argmax(-1) == top).float(), _entropy(lg)
         h0, h1 = hid[:-1], hid[1:]                                 # [L, B, T, d]
         cos = torch.nn.functional.cosine_similarity(h0, h1, dim=-1).permute(1, 2, 0)
         keep = torch.ones(hid.shape[-1], dtype=torch.bool)
         keep[massive] = False
         cosm = torch.nn.functional.cosine_similarity(h0[..., keep], h1[..., keep], dim=-1).permute(1, 2, 0)
-        idx = torch.arange(b0, b0 + len(batch))[:, None].expand(-1, s.decode_tokens)
+        idx = torch.arange(b0, b0 + len(batch))[:, None].expand(-1, T)
         parts.append([cos, cosm, kl, agree, ent, idx])
         for i, p in enumerate(batch):
             ref[b0 + i] = (p, [t[i] for t in toks], logp[i])
@@ -254,9 +258,10 @@ def fit(tr: Trace, target: Target, rule: str, inflation: float) -> dict:
 
 def online(model: RiverModel, ref: dict, policy_for_step: Callable[[int, int], Policy], batch: int,
            prefill: Policy | None = None) -> dict:
-    """Teacher-forced decoding of the backbone's tokens with a policy that writes its own KV cache.
+    """Teacher-forced decoding of the backbone's tokens (all of ref's, Settings.online_tokens per prompt)
+    with a policy that writes its own KV cache, so river-written K/V feed every later token as at run time.
     policy_for_step(step, batch size) gives each step's policy; KL/agreement against the backbone."""
-    kls, agrees, depths = [], [], []
+    kls, agrees, depths, at = [], [], [], []
     items = list(ref.values())
     L = model.args.n_layer
     for b0 in range(0, len(items), batch):
@@ -270,10 +275,16 @@ def online(model: RiverModel, ref: dict, policy_for_step: Callable[[int, int], P
             lg = torch.cat(st.logits)
             ref_lp = torch.stack([lp[i] for _, _, lp in chunk])
             kls.append(_kl(ref_lp, lg))
+            at.append(torch.full((len(chunk),), i))
             agrees.append((lg.argmax(-1) == ref_lp.argmax(-1)).float())
             depths.append(torch.tensor(st.exit_layer, dtype=torch.float32) + 1)
     cat = lambda xs: float(torch.cat(xs).mean())
-    return {"depth": cat(depths), "kl": cat(kls), "agreement": cat(agrees)}
+    n = min(len(t) for _, t, _ in items)
+    kl, at = torch.cat(kls), torch.cat(at)
+    # does river-written K/V make later tokens worse? mean KL per quarter of the positions
+    quarters = [float(kl[(at * 4 // n) == q].mean()) for q in range(4)] if n >= 4 else []
+    return {"depth": cat(depths), "kl": cat(kls), "agreement": cat(agrees), "tokens_per_prompt": n,
+            "kl_quarters": quarters}
 
 
 def rule_policy(tau, m) -> Callable[[int, int], Policy]:
@@ -405,8 +416,9 @@ def verdict(median: dict, rule: dict, rnd: dict, degenerate: bool = False, targe
               f"{max(rnd['kl'], rule['kl']):.4f}).")
     if target is not None and not target.met(rule):
         got = rule[target.kind]
+        at = f" over {rule['tokens_per_prompt']} generated tokens" if "tokens_per_prompt" in rule else ""
         s += (f" The target {target.kind} {'<=' if target.kind != 'agreement' else '>='} {target.value:g} is not met "
-              f"on unseen prompts: {got:.4g}, {abs(got - target.value):.2g} off.")
+              f"on unseen prompts{at}: {got:.4g}, {abs(got - target.value):.2g} off.")
     return s
 
 
@@ -418,8 +430,12 @@ def format_summary(s: dict) -> str:
             ("all-river", t["all_river"]), ("backbone", t["backbone"])]
     out = [f"target {s['target']['kind']} = {s['target']['value']}; rule {s['rule']}, min exit layer "
            f"{s['min_exit_layer']}; fit on {s['n_fit_prompts']} prompts, shown on {s['n_test_prompts']} unseen",
+           f"online: {t['rule'].get('tokens_per_prompt', '?')} tokens per prompt, teacher-forced on the backbone's "
+           f"greedy text, each policy writing its own K/V",
            f"{'policy':<20}{'depth':>8}{'of':>4}{'KL':>10}{'top-1':>8}"]
     out += [f"{n:<20}{m['depth']:>8.2f}{int(L):>4}{m['kl']:>10.4f}{m['agreement']:>8.3f}" for n, m in rows]
+    if q := t["rule"].get("kl_quarters"):
+        out.append("rule's KL by quarter of the generation: " + ", ".join(f"{x:.4f}" for x in q))
     med = s["spearman_median"]
     out.append("median Spearman with the damage, per layer: " +
                ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in med.items()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def stored_summary(path: str | Path) -> dict | None:
 
 
 def _usable(path: Path, model: str = zoo.DEFAULT_MODEL) -> bool:
-    """A cached river GGUF from an earlier run: well formed, calibrated, built from today's model."""
+    """A cached river GGUF from an earlier run: well formed, calibrated with today's default settings (an
+    older release's fit, e.g. checked online over fewer tokens, is redone), built from today's model."""
     from .gguf_tools.inspect import inspect_gguf
 
     if not path.is_file():
@@ -117,7 +119,12 @@ def _usable(path: Path, model: str = zoo.DEFAULT_MODEL) -> bool:
         info = inspect_gguf(path)  # one read: opening a GGUF with a 49k-token vocabulary takes seconds
     except RiverError:
         return False
-    return (info["river"] and not info["problems"] and bool(info["calibrated"])
+    try:
+        settings = json.loads(info["fit_summary"] or "{}").get("settings")
+    except ValueError:
+        settings = None
+    today = {k: v for k, v in asdict(Settings()).items() if k != "prompts"}
+    return (info["river"] and not info["problems"] and bool(info["calibrated"]) and settings == today
             and info["source_sha256"] == zoo.MODELS[model].sha256)
 
 

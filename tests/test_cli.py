@@ -26,7 +26,7 @@ from river_edge.gguf_tools.reader import open_gguf, value
 from gguf_edit import DROP, rewrite
 
 SHORT = [f"What is {i} plus {i}?" for i in range(6)]
-QUICK = ["--n-prompts", "4", "--decode-tokens", "4"]
+QUICK = ["--n-prompts", "4", "--decode-tokens", "4", "--online-tokens", "8"]
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +107,7 @@ def test_cli_choices_follow_the_library():
         params = inspect.signature(command).parameters
         assert params["n_prompts"].default == C.Settings().n_prompts
         assert params["decode_tokens"].default == C.Settings().decode_tokens
+        assert params["online_tokens"].default == C.Settings().online_tokens
 
 
 # -- build ---------------------------------------------------------------------------------------------
@@ -124,6 +125,7 @@ def test_build_calibrates_in_one_go(runner, tiny_llama_base, tmp_path, quick):
     assert summary["source"] == "out.gguf"  # not the temporary file's name
     assert summary["target"] == {"kind": "kl", "value": 0.05}
     assert summary["settings"]["n_prompts"] == 4 and summary["settings"]["decode_tokens"] == 4
+    assert summary["settings"]["online_tokens"] == 8 and summary["fit_online"]["tokens_per_prompt"] == 8
     assert Path(f"{out}.calibration.png").stat().st_size > 0
     assert sha(tiny_llama_base) == before
     assert leftovers(tmp_path) == []  # the uncalibrated temporary is gone
@@ -290,7 +292,7 @@ def test_default_river_is_built_once(monkeypatch, tiny_llama_base, tmp_path):
     spec = zoo.MODELS[zoo.DEFAULT_MODEL]
     monkeypatch.setitem(zoo.MODELS, zoo.DEFAULT_MODEL, dataclasses.replace(spec, sha256=sha(tiny_llama_base)))
     monkeypatch.setattr(zoo, "default_model", lambda progress=None: Path(tiny_llama_base))
-    monkeypatch.setattr(D, "Settings", lambda: C.Settings(n_prompts=4, decode_tokens=4, prompts=SHORT))
+    monkeypatch.setattr(D, "Settings", lambda: C.Settings(n_prompts=4, decode_tokens=4, online_tokens=8, prompts=SHORT))
     seen = []
     path = D.default_river(lambda what, done, total: seen.append(what))
     assert path == tmp_path / "rivers" / "smollm2-135m.river.gguf"
@@ -299,6 +301,11 @@ def test_default_river_is_built_once(monkeypatch, tiny_llama_base, tmp_path):
     assert D.default_river() == path and path.stat().st_mtime_ns == stamp  # reused
     # a river made from another model (the pinned one changed) is rebuilt
     monkeypatch.setitem(zoo.MODELS, zoo.DEFAULT_MODEL, dataclasses.replace(spec, sha256="0" * 64))
+    assert not D._usable(path)
+    # and so is one an older release fitted with other settings (its online check over fewer tokens)
+    monkeypatch.setitem(zoo.MODELS, zoo.DEFAULT_MODEL, dataclasses.replace(spec, sha256=sha(tiny_llama_base)))
+    assert D._usable(path)
+    monkeypatch.setattr(D, "Settings", lambda: C.Settings(n_prompts=4, decode_tokens=4, online_tokens=16, prompts=SHORT))
     assert not D._usable(path)
 
 

@@ -271,7 +271,7 @@ def test_gate_fit_written_and_read(tiny_llama, tmp_path):
     from river_edge.gate import calibrate_gate, fit_gate, gate_metrics
 
     dst = tmp_path / "gated.gguf"
-    s = calibrate_gate(tiny_llama, dst, Target("kl", 0.01), Settings(n_prompts=4, decode_tokens=8))
+    s = calibrate_gate(tiny_llama, dst, Target("kl", 0.01), Settings(n_prompts=4, decode_tokens=8, online_tokens=8))
     assert s["fit"]["kl"] <= 0.01 and 0 <= s["fit"]["fallback_rate"] <= 1
     assert s["test"]["random"]["kl"] >= 0
     llm = RiverLlama(str(dst), mode="gated", n_ctx=64)
