@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.river-edge-deps
 
-.PHONY: setup runtime test test-all demo results clean
+.PHONY: setup runtime build-cuda test test-all demo results clean
 
 setup: runtime $(STAMP)
 
@@ -20,6 +20,14 @@ $(VENV)/.torch: | $(PY)
 
 runtime: $(VENV)/.torch
 	$(PY) patches/build.py
+
+# The patched tree with ggml's CUDA backend (a loadable module beside the CPU variants) for one GPU
+# architecture (90: Hopper; 89 Ada, 86 Ampere): compiled and cached, not installed, so it can be built on a
+# machine without a GPU. On a GPU host `make setup RIVER_CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"`
+# installs it.
+CUDA_ARCH ?= 90
+build-cuda: $(VENV)/.torch
+	$(PY) patches/build.py --no-install --cmake-args "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH)"
 
 $(STAMP): pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e '.[test]'

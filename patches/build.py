@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 VERSION = "0.3.36"
@@ -121,6 +122,35 @@ def prepare_tree(python: str, dest: Path) -> Path:
     return root
 
 
+def cuda_args(python: str, extra: list[str]) -> list[str]:
+    """ggml-cuda links cuBLAS. A CUDA toolkit without it (nvcc and cudart alone, as on our CI hosts) gets
+    NVIDIA's own cuBLAS wheel of the same CUDA release from PyPI, unpacked into the cache, and CMake is
+    pointed at it; a full toolkit needs nothing."""
+    if "-DGGML_CUDA=ON" not in extra or any(a.startswith("-DCUDA_cublas_LIBRARY") for a in extra):
+        return []
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise SystemExit("GGML_CUDA=ON needs nvcc on PATH (the CUDA toolkit)")
+    root = Path(os.path.realpath(nvcc)).parent.parent
+    have = lambda name: any(root.glob(f"lib*/{name}")) or any(root.glob(f"targets/*/lib/{name}")) or \
+        any(root.glob(f"lib*/stubs/{name}")) or any(root.glob(f"targets/*/lib/stubs/{name}")) or \
+        any(Path("/usr/lib").glob(f"*/{name}"))
+    # no libcuda.so to link (no driver, no toolkit stubs): ggml's pool without the driver's virtual memory API
+    vmm = [] if have("libcuda.so") else ["-DGGML_CUDA_NO_VMM=ON"]
+    if have("libcublas.so*"):
+        return vmm
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    release = out.split("release ")[1].split(",")[0]          # "13.0"
+    dest = cache_dir() / "cuda" / f"cublas-{release}"
+    if not (dest / "nvidia").is_dir():
+        run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(dest), f"nvidia-cublas=={release}.*"])
+    base = next(dest.glob("nvidia/cu*/")) if not (dest / "nvidia" / "cublas").is_dir() else dest / "nvidia" / "cublas"
+    lib, inc = base / "lib", base / "include"
+    find = lambda name: next(iter(sorted(lib.glob(f"{name}.so*"))))
+    return vmm + [f"-DCUDA_cublas_LIBRARY={find('libcublas')}", f"-DCUDA_cublasLt_LIBRARY={find('libcublasLt')}",
+            f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}"]
+
+
 def installed_tag(python: str) -> str | None:
     out = subprocess.run([python, "-c", "import llama_cpp, pathlib; "
                           "p = pathlib.Path(llama_cpp.__file__).with_name('RIVER_BUILD'); "
@@ -136,6 +166,8 @@ def main() -> int:
                     help="extra CMake flags, e.g. -DGGML_CUDA=ON (part of the cache key)")
     ap.add_argument("--source-only", metavar="DIR", help="only unpack and patch the tree into DIR")
     ap.add_argument("--force", action="store_true", help="rebuild even if a cached wheel exists")
+    ap.add_argument("--no-install", action="store_true",
+                    help="build and cache the wheel only (e.g. a CUDA build on a machine without a GPU)")
     args = ap.parse_args()
     extra = args.cmake_args.split()
 
@@ -143,12 +175,15 @@ def main() -> int:
         print(prepare_tree(args.python, Path(args.source_only)))
         return 0
 
+    asked = " ".join(extra)
+    extra += cuda_args(args.python, extra)
     tag = series_hash(extra)
-    if not args.force and installed_tag(args.python) == tag:
+    if not args.force and not args.no_install and installed_tag(args.python) == tag:
         print(f"patched llama-cpp-python {tag} already installed")
         return 0
     wheels = cache_dir() / "wheels" / tag
     if args.force or not any(wheels.glob("*.whl")):
+        t0 = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="river-build-") as tmp:
             root = prepare_tree(args.python, Path(tmp))
             (root / "llama_cpp" / "RIVER_BUILD").write_text(tag + "\n")
@@ -160,7 +195,11 @@ def main() -> int:
             wheels.mkdir(parents=True, exist_ok=True)
             for w in out.glob("*.whl"):
                 shutil.copy2(w, wheels / w.name)
+        print(f"built in {time.monotonic() - t0:.0f} s with {os.cpu_count()} cores: {asked or 'CPU only'}")
     wheel = next(wheels.glob("*.whl"))
+    if args.no_install:
+        print(f"cached {wheel} (not installed; `make setup RIVER_CMAKE_ARGS=\"{asked}\"` installs it)")
+        return 0
     run([args.python, "-m", "pip", "install", "--force-reinstall", "--no-deps", "-q", str(wheel)])
     # Its own small dependencies (numpy, jinja2, diskcache, typing-extensions) if missing.
     run([args.python, "-m", "pip", "install", "-q", "typing-extensions>=4.5.0", "numpy>=1.20.0",

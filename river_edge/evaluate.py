@@ -40,7 +40,7 @@ from .format import RiverError
 Progress = Callable[[str, int, int], None]
 TASKS = ("gsm8k", "math", "humaneval")
 PROMPT_VERSION = 1  # bump when a prompt or an extraction rule changes: old results then do not resume
-HUMANEVAL_DEFAULT_LIMIT = 80  # problems 0-79 by default (DESIGN.md section 5: develop on the first 80)
+HUMANEVAL_DEFAULT_LIMIT = 80  # problems 0-79 by default (docs/design.md §4: develop on the first 80)
 
 
 # -- data ----------------------------------------------------------------------------------------------

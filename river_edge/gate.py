@@ -7,7 +7,7 @@ positions, calibrate._clean_exits with exit layer -1). Per token: KL(backbone ||
 the river's entropy and its top-1 margin. A token whose signal crosses the gate falls back to the backbone
 (KL 0, agreement 1), so the fit is a sort. The report compares with random fallback at the same rate,
 whose expected KL is (1 - rate) * mean KL. Clean figures: online, river-written K/V of the tokens that did
-not fall back also pollute later ones (DESIGN.md section 7 item 6: about 2x).
+not fall back also pollute later ones (docs/design.md §5 item 6: about 2x).
 """
 from __future__ import annotations
 

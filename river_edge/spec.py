@@ -126,6 +126,7 @@ class Stats:
     accepted: int = 0
     fallbacks: int = 0            # gated: positions re-decoded by the backbone
     settled: int = 0              # exact: near-ties decoded again alone
+    rejected: int = 0             # exact: cycles that ended on a rejected draft (sampling: a residual draw)
     river_steps: int = 0          # gated: positions decoded by the river first (the prompt's token is not one)
     k_sum: int = 0
     spec_off: str | None = None
@@ -170,6 +171,27 @@ class Transform:
             v = v - (c * self.freq + (c > 0).astype(np.float32) * self.present)
             x[toks] = v
         return x
+
+
+def accept(drafts: list[int], qs: list[np.ndarray], p_at, rng: np.random.Generator) -> tuple[list[int], int]:
+    """Speculative sampling's accept step (Leviathan et al. 2023; gpt-fast's speculative_decode): draft j
+    is kept with probability min(1, p_j[d] / q_j[d]); the first one rejected is replaced by a draw from the
+    residual max(p_j - q_j, 0), normalised; when all are kept, one more token is drawn from the backbone's
+    p after the last. p_at(j) gives the backbone's sampling distribution at position j (computed only as
+    far as needed). The tokens follow the backbone's distribution exactly. Returns (tokens, drafts kept)."""
+    out = []
+    for j, (d, q) in enumerate(zip(drafts, qs)):
+        p = p_at(j)
+        if rng.random() * q[d] < p[d]:
+            out.append(d)
+            continue
+        r = np.maximum(p - q, 0.0)
+        s = r.sum()
+        out.append(int(rng.choice(len(p), p=r / s)) if s > 0 else int(rng.choice(len(p), p=p)))
+        return out, j
+    p = p_at(len(drafts))
+    out.append(int(rng.choice(len(p), p=p)))
+    return out, len(drafts)
 
 
 def _margin(row: np.ndarray) -> float:
@@ -279,7 +301,8 @@ class Spec:
                      acceptance_rate=s.accepted / s.drafted if s.drafted else float("nan"),
                      mean_draft_len=s.drafted / s.cycles if s.cycles else 0.0,
                      tokens_per_cycle=s.tokens / s.cycles if s.cycles else 0.0,
-                     running_acceptance=self.acceptance, spec_off=s.spec_off, settled_ties=s.settled)
+                     running_acceptance=self.acceptance, spec_off=s.spec_off, settled_ties=s.settled,
+                     rejected_cycles=s.rejected)
             cm = _COSTS.get(self._key())
             if cm is not None:
                 d["cost_model"] = cm.as_dict()
@@ -515,21 +538,7 @@ class Spec:
                             rows[tie] = at(tie, rows[tie])
                         j, out = tie, drafts[:tie] + [int(rows[tie].argmax())]
                 else:
-                    out, j = [], 0
-                    while True:
-                        p = processed_probs(rows[j], **sp)
-                        if j == len(drafts):
-                            out.append(int(rng.choice(V, p=p)))
-                            break
-                        d, q = drafts[j], qs[j]
-                        if rng.random() * q[d] < p[d]:      # accept with min(1, p/q)
-                            out.append(d)
-                            j += 1
-                            continue
-                        r = np.maximum(p - q, 0.0)
-                        s = r.sum()
-                        out.append(int(rng.choice(V, p=r / s)) if s > 0 else int(rng.choice(V, p=p)))
-                        break
+                    out, j = accept(drafts, qs, lambda i: processed_probs(rows[i], **sp), rng)
                 # -- keep the backbone cells of pending + accepted drafts
                 keep = n + 1 + j
                 llm.input_ids[n:keep] = batch[: j + 1]
@@ -538,6 +547,7 @@ class Spec:
                 st.cycles += 1
                 st.drafted += len(drafts)
                 st.accepted += j
+                st.rejected += j < len(drafts)
                 st.k_sum += k
                 self._A = 0.9 * self._A + j
                 self._R = 0.9 * self._R + (1 if j < len(drafts) else 0)

@@ -42,16 +42,20 @@ def test_every_configuration_against_the_backbone(river_copy):
     # random draws from the rule's own exit histogram: about the same depth, every token counted
     assert sum(c["random"]["hist"]) == res["positions"]
     assert abs(c["random"]["mean_depth"] - c["river"]["mean_depth"]) < 1.0
-    # gated-random falls back at gated's rate (in expectation); both at rate 1 equal the backbone
+    # a tiny random model is near uniform: every river entropy exceeds the default gate (1 nat), so gated
+    # falls back on every token and is the backbone; gated-random at its rate 1 too
     g = c["gated"]
-    assert 0 <= g["fallback_rate"] <= 1
-    if g["fallback_rate"] == 1:
-        assert g["kl"] < 1e-6 and c["gated-random"]["kl"] < 1e-6
-    # the gate sweep: falling back on about the asked share of tokens, next to random at the reached rate
+    assert g["fallback_rate"] == 1 and g["kl"] < 1e-6
+    assert c["gated-random"]["fallback_rate"] == 1 and c["gated-random"]["kl"] < 1e-6
+    # the gate sweep: falling back on about the asked share of tokens (the gate is the quantile of fast's
+    # teacher-forced entropies; gated's own K/V move them a little), next to random at the reached rate:
+    # a binomial draw over the positions, within 4 standard deviations
+    n = res["positions"]
     for r in Q.GATE_RATES:
         g, gr = c[f"gated@{r}"], c[f"gated-random@{r}"]
-        assert abs(g["fallback_rate"] - r) < 0.3 and g["kl"] <= c["fast"]["kl"] + 1e-6
-        assert abs(gr["fallback_rate"] - g["fallback_rate"]) < 0.35 and gr["gate_entropy"] is None
+        assert abs(g["fallback_rate"] - r) < 0.15 and g["kl"] <= c["fast"]["kl"] + 1e-6
+        sd = (g["fallback_rate"] * (1 - g["fallback_rate"]) / n) ** 0.5
+        assert abs(gr["fallback_rate"] - g["fallback_rate"]) <= 4 * sd + 1 / n and gr["gate_entropy"] is None
     taus = [k for k in c if k.startswith("tau=")]
     assert taus and res["taus"] == sorted(res["taus"])
     depths = [c[k]["mean_depth"] for k in taus]

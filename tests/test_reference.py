@@ -1,4 +1,4 @@
-"""The PyTorch reference: the exit rule's invariants (DESIGN.md section 3) and agreement with llama.cpp."""
+"""The PyTorch reference: the exit rule's invariants (docs/design.md §3) and agreement with llama.cpp."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,5 @@
 """The patched runtime (RiverLlama over patches/0004's C API) against the PyTorch reference, on tiny river
-GGUFs of both architectures: the five invariants of DESIGN.md section 3, batches, prefill ubatches, bad
+GGUFs of both architectures: the invariants of docs/design.md §3, batches, prefill ubatches, bad
 input and graph reuse.
 
 Tolerance for logits (as tests/test_reference.py::test_reference_matches_llama_cpp): the error of a row is

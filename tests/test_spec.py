@@ -229,7 +229,8 @@ def test_exact_sampling_distribution(tiny_qwen2, k, sampler, pen):
         assert pair in joint, f"sampled {pair}, impossible under the backbone's sampler"
         counts[pair] = counts.get(pair, 0) + 1
     s = ex.stats()
-    assert s["drafted"] > 0 and s["accepted"] < s["drafted"] + 1
+    # both paths of the accept step ran: drafts kept, and drafts rejected with a residual draw
+    assert 0 < s["accepted"] < s["drafted"] and s["rejected_cycles"] > 0
     # cells with expected count < 5 pooled into one
     exp = {c: pr * n_runs for c, pr in joint.items()}
     big = [c for c in exp if exp[c] >= 5]
@@ -245,6 +246,33 @@ def test_exact_sampling_distribution(tiny_qwen2, k, sampler, pen):
     assert chi2 < _chi2_quantile(df), (chi2, df)
     tv = 0.5 * sum(abs(counts.get(c, 0) / n_runs - pr) for c, pr in joint.items())
     assert tv < 0.1
+
+
+def test_accept_step_samples_the_target_distribution():
+    """The pure accept step: drafts drawn from q, kept or replaced from the residual, give tokens that
+    follow p exactly (two positions, independent p's: the joint is p0 x p1), on a skewed q that often
+    disagrees with p so that every path runs."""
+    from river_edge.spec import accept
+
+    rng = np.random.default_rng(1)
+    V, n = 5, 40_000
+    ps = [rng.dirichlet(np.ones(V)) for _ in range(3)]
+    qs = [rng.dirichlet(np.ones(V) * 0.5) for _ in range(2)]
+    counts = np.zeros((V, V))
+    kept = np.zeros(3, dtype=int)
+    for _ in range(n):
+        drafts = [int(rng.choice(V, p=q)) for q in qs]
+        out, j = accept(drafts, qs, lambda i: ps[i], rng)
+        assert len(out) == j + 1 and out[:j] == drafts[:j]
+        kept[j] += 1
+        if len(out) >= 2:
+            counts[out[0], out[1]] += 1
+        else:   # the first draft rejected: the second position is drawn as the next cycle would
+            counts[out[0], int(rng.choice(V, p=ps[1]))] += 1
+    assert kept.min() > 1000  # rejected at 0, at 1, and all kept: every path ran often
+    exp = np.outer(ps[0], ps[1]) * n
+    chi2 = float(((counts - exp) ** 2 / exp).sum())
+    assert chi2 < _chi2_quantile(V * V - 1), chi2
 
 
 @pytest.mark.slow

