@@ -163,10 +163,9 @@ def _calibration(c: dict, model: str) -> list[str]:
             ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in med.items()) +
             " (a useful exit signal would be strongly negative for the cosine)."]
     if g := c.get("gate"):
-        gt = g["test"]
-        out.append(f"Gate of the gated mode: entropy >= {g['gate_entropy']:.3g} nats; on unseen prompts fallback "
-                   f"{gt['fallback_rate']:.2f}, KL {gt['kl']:.4f}, top-1 {gt['agreement']:.3f}; random fallback at "
-                   f"that rate KL {gt['random']['kl']:.4f}, top-1 {gt['random']['agreement']:.3f}.")
+        from river_edge.calibration.gate import gate_line
+        line = gate_line(g)
+        out.append(line[0].upper() + line[1:])
     return out + [""]
 
 

@@ -29,8 +29,13 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from spec_bench import PROMPTS  # noqa: E402
+PROMPTS = [
+    "def quicksort(arr):\n    \"\"\"Sort a list of integers in place.\"\"\"\n",
+    "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?\nAnswer: Let's think step by step.",
+    "The history of the printing press begins",
+    "import numpy as np\n\ndef softmax(x):\n",
+]
 
 CONFIGS = ("backbone", "exact", "prompt-lookup", "draft-model")
 

@@ -181,14 +181,15 @@ RuleOpt = Annotated[Rule, typer.Option(
 
 
 def _settings(prompts, n_prompts, decode_tokens, online_tokens, rule):
-    from river_edge.calibrate import Settings, read_prompts
+    from river_edge.calibration.prompts import read_prompts
+    from river_edge.calibration.target import Settings
 
     return Settings(n_prompts=n_prompts, decode_tokens=decode_tokens, online_tokens=online_tokens, rule=rule.value,
                     prompts=read_prompts(prompts) if prompts is not None else [])
 
 
 def _target(max_kl, min_agreement, max_depth):
-    from river_edge.calibrate import Target
+    from river_edge.calibration.target import Target
 
     given = [(k, v) for k, v in (("kl", max_kl), ("agreement", min_agreement), ("depth", max_depth))
              if v is not None]
@@ -199,7 +200,7 @@ def _target(max_kl, min_agreement, max_depth):
 
 
 def _report_calibration(summary: dict, out: Path) -> None:
-    from river_edge.calibrate import format_summary
+    from river_edge.calibration.report import format_summary
 
     typer.echo(format_summary(summary))
     typer.echo(f"\nwrote {out}")
@@ -314,7 +315,7 @@ def calibrate(
     out = output if output is not None else river_gguf.with_name(f"{river_gguf.stem}.calibrated.gguf")
     if _same(river_gguf, out):
         _fail(f"{out}: calibration never overwrites its input; choose another output")
-    from river_edge.calibrate import calibrate_file
+    from river_edge.calibration.report import calibrate_file
     from river_edge.gguf_tools.inspect import check
 
     check(river_gguf, require_river=True)  # before loading torch and the model
@@ -718,7 +719,7 @@ speed and depth, and the benchmark table (backbone vs river vs plain quantizatio
     import sys
 
     from river_edge import bench as B
-    from river_edge.calibrate import format_summary
+    from river_edge.calibration.report import format_summary
     from river_edge.chat import Chat, load
     from river_edge.defaults import default_river, stored_summary
 

@@ -1,18 +1,13 @@
 """Build a river GGUF from a base GGUF (gguf_tools/FORMAT.md), and rewrite its river.* keys."""
 from __future__ import annotations
 
-import contextlib
-import glob
 import hashlib
 import math
-import os
-import tempfile
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as V, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as V
 from gguf.quants import dequantize
 
 import river_edge
@@ -20,22 +15,10 @@ from river_edge import format as F
 from river_edge.format import RiverError
 
 from . import quant
-from .reader import ggml_shape, n_dims, open_gguf, raw_value, value
+from .reader import ggml_shape, n_dims, open_gguf, value
+from .writer import Progress, Tensor, arch_of, check_dst, copy, kv_of, write
 
-Progress = Callable[[int, int, str], None]  # (done, total, what): after each tensor written, and (0, total, ...) first
 _INT = {T.I8, T.I16, T.I32, T.I64, T.F64}
-
-
-class _Tensor:
-    """One tensor to write: name, ggml shape and type, and a function giving its data when written."""
-
-    def __init__(self, name: str, shape: tuple[int, ...], qtype: T, data: Callable[[], np.ndarray]):
-        self.name, self.shape, self.qtype, self.data = name, shape, qtype, data
-
-    @property
-    def nbytes(self) -> int:
-        block, size = GGML_QUANT_SIZES[self.qtype]
-        return math.prod(self.shape) // block * size
 
 
 def sha256_file(path: str | Path) -> str:
@@ -54,16 +37,6 @@ def to_f32(data: np.ndarray, qtype: T, name: str = "") -> np.ndarray:
         raise RiverError(f"tensor {name}: gguf-py cannot dequantize type {qtype.name}") from None
 
 
-def _arch(r, path: Path) -> tuple[str, int]:
-    arch = value(r, "general.architecture")
-    if arch not in F.ARCHITECTURES:
-        raise RiverError(f"{path}: unsupported architecture '{arch}': river-edge supports {', '.join(F.ARCHITECTURES)}")
-    n_layer = value(r, f"{arch}.block_count")
-    if not isinstance(n_layer, int) or n_layer < 1:
-        raise RiverError(f"{path}: missing or bad {arch}.block_count")
-    return arch, n_layer
-
-
 def _f16(x: np.ndarray, name: str) -> np.ndarray:
     y = x.astype(np.float16)
     if not np.isfinite(y).all():
@@ -71,10 +44,10 @@ def _f16(x: np.ndarray, name: str) -> np.ndarray:
     return y
 
 
-def _convert(t, backbone: str) -> _Tensor:
+def _convert(t, backbone: str) -> Tensor:
     """A source tensor as the backbone keeps it: FORMAT.md's keep / f16 / q8_0."""
     shape, qt = ggml_shape(t), t.tensor_type
-    keep = _Tensor(t.name, shape, qt, lambda: t.data)
+    keep = Tensor(t.name, shape, qt, lambda: t.data)
     if backbone == "keep" or n_dims(shape) < 2 or qt in _INT:
         return keep
     target = T.F16
@@ -83,8 +56,8 @@ def _convert(t, backbone: str) -> _Tensor:
     if qt == target:
         return keep  # re-quantizing Q8_0 would drift; F16 is already exact
     if target == T.F16:
-        return _Tensor(t.name, shape, T.F16, lambda: _f16(to_f32(t.data, qt, t.name), t.name))
-    return _Tensor(t.name, shape, T.Q8_0, lambda: quant.quantize(to_f32(t.data, qt, t.name), T.Q8_0))
+        return Tensor(t.name, shape, T.F16, lambda: _f16(to_f32(t.data, qt, t.name), t.name))
+    return Tensor(t.name, shape, T.Q8_0, lambda: quant.quantize(to_f32(t.data, qt, t.name), T.Q8_0))
 
 
 def load_imatrix(imatrix: Mapping[str, np.ndarray] | str | Path) -> tuple[dict[str, np.ndarray], str]:
@@ -122,7 +95,7 @@ def _layer_types(layer_types: str | Sequence[str] | None, river: str, n_layer: i
     return types
 
 
-def _river_tensor(bt: _Tensor, layer: int, weight: str, rtype: str, imatrix: dict[str, np.ndarray]) -> _Tensor:
+def _river_tensor(bt: Tensor, layer: int, weight: str, rtype: str, imatrix: dict[str, np.ndarray]) -> Tensor:
     n_per_row = bt.shape[0]
     qt = quant.type_for_row(quant.ggml_type(rtype), n_per_row)
     if not quant.fits(qt, n_per_row):
@@ -131,18 +104,8 @@ def _river_tensor(bt: _Tensor, layer: int, weight: str, rtype: str, imatrix: dic
     if im is not None and im.size != n_per_row:
         raise RiverError(f"importance matrix for {bt.name} has {im.size} values; the tensor has rows of {n_per_row}")
     # From the backbone as converted (what the runtime's backbone holds), not from the source.
-    return _Tensor(F.river_tensor(layer, weight), bt.shape, qt,
+    return Tensor(F.river_tensor(layer, weight), bt.shape, qt,
                    lambda: quant.quantize(to_f32(bt.data(), bt.qtype, bt.name), qt, im))
-
-
-def _kv(r, skip: set[str]) -> list[tuple[str, object, V, V | None]]:
-    """The source's keys as GGUFWriter takes them, less gguf-py's synthetic GGUF.* header fields."""
-    out = []
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k in skip:
-            continue
-        out.append((k, *raw_value(f)))
-    return out
 
 
 def _river_kv(river: str, types: list[str], backbone: str, source_sha: str, imatrix_sha: str) -> list[tuple]:
@@ -162,89 +125,6 @@ def _river_kv(river: str, types: list[str], backbone: str, source_sha: str, imat
     ]
 
 
-class _Writer(GGUFWriter):
-    def _pack_val(self, val, vtype, add_vtype, sub_type=None):
-        # An empty array is valid GGUF that gguf-py refuses to write; carry it over all the same.
-        if vtype == V.ARRAY and len(val) == 0:
-            head = self._pack("I", vtype) if add_vtype else b""
-            return head + self._pack("I", sub_type or V.UINT8) + self._pack("Q", 0)
-        return super()._pack_val(val, vtype, add_vtype, sub_type)
-
-
-def temp_beside(dst: str | Path, suffix: str = ".part") -> Path:
-    """A new empty hidden file beside `dst` for writing it (then os.replace: atomic on one file system).
-
-    Its name carries this process's pid; temporary files of earlier writes of `dst` whose process is gone
-    (a killed build leaves hundreds of MB) are removed first, a live concurrent writer's are left alone.
-    """
-    dst = Path(dst)
-    for part in dst.parent.glob(f".{glob.escape(dst.name)}.*{glob.escape(suffix)}"):
-        pid = part.name[len(dst.name) + 2:].split(".", 1)[0]
-        if not pid.isdigit():   # named before pids were: stale once an hour old
-            with contextlib.suppress(OSError):
-                if time.time() - part.stat().st_mtime > 3600:
-                    part.unlink()
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue          # still running
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue          # someone else's live process
-        with contextlib.suppress(OSError):
-            part.unlink()
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.{os.getpid()}.", suffix=suffix)
-    os.close(fd)
-    return Path(tmp)
-
-
-def _write(dst: Path, arch: str, kv: list[tuple], tensors: list[_Tensor], progress: Progress | None) -> None:
-    """Write a GGUF to a temporary file beside `dst`, then rename it over `dst` (never half a file).
-
-    Tensor infos go out first and the data one tensor at a time, so at most one converted tensor
-    (plus its float32 copy) is in memory at once.
-    """
-    tmp = temp_beside(dst)
-    try:
-        w = _Writer(tmp, arch)
-        for key, val, vtype, sub in kv:
-            if key == "general.alignment":
-                w.data_alignment = int(val)
-            # add_key_value, not add_string/add_array: those silently drop empty values.
-            w.add_key_value(key, val, vtype, sub)
-        for t in tensors:
-            # numpy order with a non-uint8 dtype: GGUFWriter reverses it back to the ggml shape.
-            w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for i, t in enumerate(tensors):
-            data = np.ascontiguousarray(t.data())
-            if data.nbytes != t.nbytes:
-                raise RiverError(f"tensor {t.name}: {data.nbytes} bytes of data for {t.nbytes} expected")
-            w.write_tensor_data(data)
-            if progress:
-                progress(i + 1, len(tensors), t.name)
-        w.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the result is an ordinary file
-        os.replace(tmp, dst)
-    except OSError as e:
-        raise RiverError(f"{dst}: cannot write ({e.strerror or e})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _check_dst(src: Path, dst: Path, same_ok: bool) -> None:
-    if not same_ok and src.exists() and dst.exists() and os.path.samefile(src, dst):  # symlinks, hard links too
-        raise RiverError(f"{dst}: the output would overwrite the input; choose another path")
-    if not dst.parent.is_dir():
-        raise RiverError(f"{dst}: folder {dst.parent} does not exist")
-
-
 def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: str = "q4_0",
                 layer_types: str | Sequence[str] | None = None,
                 imatrix: Mapping[str, np.ndarray] | str | Path | None = None,
@@ -259,9 +139,9 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
     src, dst = Path(src), Path(dst)
     if backbone not in F.BACKBONE_TYPES:
         raise RiverError(f"unknown backbone type {backbone!r}: use one of {', '.join(F.BACKBONE_TYPES)}")
-    _check_dst(src, dst, same_ok=False)
+    check_dst(src, dst, same_ok=False)
     r = open_gguf(src)
-    arch, n_layer = _arch(r, src)
+    arch, n_layer = arch_of(r, src)
     if any(t.name.startswith("river.") for t in r.tensors) or F.KEY_VERSION in r.fields:
         raise RiverError(f"{src}: already a river GGUF; build from the base model")
     if (value(r, "split.count") or 1) > 1:
@@ -289,10 +169,10 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
         if not quant.fits(qt, bt.shape[0]):
             raise RiverError(f"head type {head} cannot hold {bt.name}: rows of {bt.shape[0]} values")
         # from the backbone's head as converted; an imatrix names backbone tensors only, so none here
-        river_tensors.append(_Tensor(F.RIVER_HEAD, bt.shape, qt,
+        river_tensors.append(Tensor(F.RIVER_HEAD, bt.shape, qt,
                                      lambda: quant.quantize(to_f32(bt.data(), bt.qtype, bt.name), qt)))
 
-    kv = _kv(r, skip={"general.architecture", "general.file_type"})
+    kv = kv_of(r, skip={"general.architecture", "general.file_type"})
     ft = quant.FILE_TYPES[backbone] if backbone != "keep" else value(r, "general.file_type")
     if ft is not None:
         kv.insert(0, ("general.file_type", int(ft), V.UINT32, None))
@@ -300,7 +180,7 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
     if progress:
         progress(0, len(out), "sha256 of the source")  # seconds on a 1 GB model: say so
     kv += _river_kv(river, types, backbone, sha256_file(src), im_sha)
-    _write(dst, arch, kv, out, progress)
+    write(dst, arch, kv, out, progress)
     return dst
 
 
@@ -313,9 +193,9 @@ def set_river_keys(src: str | Path, dst: str | Path, *, thresholds: Sequence[flo
     `dst` may be `src`: the file is replaced atomically, so a reader never sees a half-written one.
     """
     src, dst = Path(src), Path(dst)
-    _check_dst(src, dst, same_ok=True)
+    check_dst(src, dst, same_ok=True)
     r = open_gguf(src)
-    arch, n_layer = _arch(r, src)
+    arch, n_layer = arch_of(r, src)
     if F.KEY_VERSION not in r.fields:
         raise RiverError(f"{src}: not a river GGUF (no {F.KEY_VERSION}); run river build first")
     new: dict[str, tuple] = {}
@@ -338,8 +218,4 @@ def set_river_keys(src: str | Path, dst: str | Path, *, thresholds: Sequence[flo
         new[F.KEY_GATE] = (float(gate_entropy), V.FLOAT32, None)
     if gate_summary is not None:
         new[F.KEY_GATE_SUMMARY] = (str(gate_summary), V.STRING, None)
-    kv = [(k, *new.pop(k)) if k in new else (k, v, t, s) for k, v, t, s in _kv(r, skip={"general.architecture"})]
-    kv += [(k, *x) for k, x in new.items()]  # keys the source lacked
-    tensors = [_Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data) for t in r.tensors]
-    _write(dst, arch, kv, tensors, None)
-    return dst
+    return copy(src, dst, keys=new)

@@ -17,18 +17,19 @@ from river_edge import format as F
 from river_edge.format import RiverError
 
 from . import quant
-from .build import Progress, _arch, _check_dst, _kv, _Tensor, _write, to_f32
+from .build import to_f32
+from .writer import Progress, Tensor, arch_of, check_dst, kv_of, write
 from .reader import ggml_shape, n_dims, open_gguf
 
 MODES = ("backbone", "river", *quant.TYPES)
 
 
-def _requant(t, qt: T) -> _Tensor:
+def _requant(t, qt: T) -> Tensor:
     shape = ggml_shape(t)
     qt = quant.type_for_row(qt, shape[0])
     if t.tensor_type == qt:
-        return _Tensor(t.name, shape, qt, lambda: t.data)
-    return _Tensor(t.name, shape, qt, lambda: quant.quantize(to_f32(t.data, t.tensor_type, t.name), qt))
+        return Tensor(t.name, shape, qt, lambda: t.data)
+    return Tensor(t.name, shape, qt, lambda: quant.quantize(to_f32(t.data, t.tensor_type, t.name), qt))
 
 
 def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None = None) -> Path:
@@ -36,9 +37,9 @@ def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None
     mode = mode.lower()
     if mode not in MODES:
         raise RiverError(f"unknown conversion {mode!r}: use one of {', '.join(MODES)}")
-    _check_dst(src, dst, same_ok=False)
+    check_dst(src, dst, same_ok=False)
     r = open_gguf(src)
-    arch, _ = _arch(r, src)
+    arch, _ = arch_of(r, src)
     by_name = {t.name: t for t in r.tensors}
     is_river = any(n.startswith("river.") for n in by_name)
     if mode in ("backbone", "river") and not is_river:
@@ -49,16 +50,16 @@ def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None
         if t.name.startswith("river."):
             continue
         if mode == "backbone":
-            out.append(_Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data))
+            out.append(Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data))
         elif mode == "river":
             parts = t.name.split(".")
             twin = by_name.get(F.river_tensor(int(parts[1]), parts[2])) if parts[0] == "blk" and parts[3:] == ["weight"] else None
             if t.name == "output.weight":
                 twin = by_name.get(F.RIVER_HEAD)
             s = twin or t  # the river twin's data under the backbone's name
-            out.append(_Tensor(t.name, ggml_shape(t), s.tensor_type, lambda s=s: s.data))
+            out.append(Tensor(t.name, ggml_shape(t), s.tensor_type, lambda s=s: s.data))
         elif n_dims(ggml_shape(t)) < 2:
-            out.append(_Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data))
+            out.append(Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data))
         else:
             qt = quant.ggml_type(mode)
             if t.name == head and mode not in ("f16", "q8_0"):
@@ -66,9 +67,9 @@ def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None
             out.append(_requant(t, qt))
     if mode == "river" and head == "token_embd.weight" and (rh := by_name.get(F.RIVER_HEAD)) is not None:
         # tied embeddings: the river head becomes an untied output.weight (llama.cpp loads one if present)
-        out.append(_Tensor("output.weight", ggml_shape(rh), rh.tensor_type, lambda: rh.data))
-    kv = [x for x in _kv(r, skip={"general.architecture", "general.file_type"}) if not x[0].startswith("river.")]
+        out.append(Tensor("output.weight", ggml_shape(rh), rh.tensor_type, lambda: rh.data))
+    kv = [x for x in kv_of(r, skip={"general.architecture", "general.file_type"}) if not x[0].startswith("river.")]
     if mode in quant.FILE_TYPES:
         kv.insert(0, ("general.file_type", int(quant.FILE_TYPES[mode]), V.UINT32, None))
-    _write(dst, arch, kv, out, progress)
+    write(dst, arch, kv, out, progress)
     return dst

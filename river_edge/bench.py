@@ -1,4 +1,4 @@
-"""The laptop benchmark (`river bench`, bench/runtime_bench.py): backbone vs river vs plain quantization.
+"""The laptop benchmark (`river bench`, `make results`): backbone vs river vs plain quantization.
 
 Every configuration is measured in one process, ALTERNATING round-robin: all models are loaded once,
 and each round runs every configuration on the same prompt before moving on (the order rotates from

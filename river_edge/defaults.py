@@ -18,7 +18,8 @@ import numpy as np
 
 from . import format as F
 from . import zoo
-from .calibrate import Settings, Target, calibrate_file
+from .calibration.report import calibrate_file
+from .calibration.target import Settings, Target
 from .format import RiverError
 
 Progress = Callable[[str, int, int], None]
@@ -67,7 +68,8 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     system, removed afterwards whatever happens) and only the calibrated file appears at `dst`, with
     DST.calibration.json and DST.calibration.png beside it. `src` is never modified.
     """
-    from .gguf_tools.build import build_river, temp_beside
+    from .gguf_tools.build import build_river
+    from .gguf_tools.writer import temp_beside
 
     src, dst = Path(src), Path(dst)
     say = progress or _quiet

@@ -27,7 +27,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -443,7 +442,7 @@ def ensure_plain(model: Path, qtype: str, progress: Progress | None = None, cach
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
-    from .gguf_tools.build import temp_beside
+    from .gguf_tools.writer import temp_beside
 
     tmp = temp_beside(dst, ".gguf")
     try:

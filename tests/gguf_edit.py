@@ -1,4 +1,5 @@
-"""Test helper: copy a GGUF with keys or tensors changed, dropped or added (to make broken files)."""
+"""Test helpers over gguf_tools.writer.copy: GGUFs with keys or tensors changed, dropped or added (broken files),
+and stock GGUFs carrying river weights in the backbone's place."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,34 +8,13 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from river_edge import format as F
-from river_edge.gguf_tools.build import _kv, _Tensor, _write
 from river_edge.gguf_tools.reader import ggml_shape, open_gguf
-
-DROP = object()
+from river_edge.gguf_tools.writer import DROP, copy
 
 
 def rewrite(src: Path, dst: Path, keys: dict | None = None, tensors: dict | None = None, arch: str | None = None) -> Path:
     """keys: {name: DROP | (value, GGUFValueType[, sub_type])}; tensors: {name: DROP | (ggml_shape, type, data)}."""
-    keys, tensors = dict(keys or {}), dict(tensors or {})
-    r = open_gguf(src)
-    arch = arch or r.fields["general.architecture"].contents()
-    kv = []
-    for k, v, t, s in _kv(r, skip={"general.architecture"}):
-        new = keys.pop(k, None)
-        if new is DROP:
-            continue
-        kv.append((k, *new, *((None,) if new and len(new) == 2 else ())) if new else (k, v, t, s))
-    kv += [(k, *v, *((None,) if len(v) == 2 else ())) for k, v in keys.items() if v is not DROP]
-    out = []
-    for t in r.tensors:
-        new = tensors.pop(t.name, None)
-        if new is DROP:
-            continue
-        out.append(_Tensor(t.name, *new[:2], lambda d=new[2]: d) if new else
-                   _Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data))
-    out += [_Tensor(n, *v[:2], lambda d=v[2]: d) for n, v in tensors.items() if v is not DROP]
-    _write(Path(dst), arch, kv, out, None)
-    return Path(dst)
+    return copy(src, dst, keys=keys, tensors=tensors, arch=arch)
 
 
 def f32_tensor(shape: tuple[int, ...], value: float = 0.0):

@@ -4,10 +4,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from river_edge import calibrate as C
+from river_edge.calibration import record as REC, report as REP, rule as RULE, target as T
 from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.gguf_tools.convert import plain
@@ -24,8 +25,8 @@ def model(tiny_llama):
 
 def test_clean_exit_damage_is_a_real_forced_step(model):
     """Exiting after e with the river reading the backbone's cache = a forced step on a backbone cache."""
-    caches, toks, hid, logits, pos = C._decode_backbone(model, PROMPTS[:2], 4)
-    exits = dict(C._clean_exits(model, caches, hid, pos, range(model.args.n_layer - 1)))
+    caches, toks, hid, logits, pos = REC.decode_backbone(model, PROMPTS[:2], 4)
+    exits = dict(REC.clean_exits(model, caches, hid, pos, range(model.args.n_layer - 1)))
     for b, p in enumerate(PROMPTS[:2]):
         for step in (0, 3):
             for e, lg in exits.items():
@@ -42,11 +43,11 @@ def test_clean_exit_damage_is_a_real_forced_step(model):
 def test_rule_on_recorded_signals_matches_the_model(model):
     """exits_of() (used for fitting) decides as the model's rule does on the same similarities."""
     L = model.args.n_layer
-    s = C.Settings(decode_tokens=6, online_tokens=6, batch=4)
-    tr, aux = C.record(model, PROMPTS, s)
+    s = T.Settings(decode_tokens=6, online_tokens=6, batch=4)
+    tr, aux = REC.record(model, PROMPTS, s)
     tau = torch.quantile(torch.tensor(tr.sims), 0.5, dim=0).numpy()
     tau[L - 1] = math.inf
-    e = C.exits_of(tr.sims, tau, 1)
+    e = RULE.exits_of(tr.sims, tau, 1)
     assert ((e >= 1) & (e <= L - 1)).all() and len(set(e.tolist())) > 1
     ref = list(aux["ref"].values())
     row = 0
@@ -55,7 +56,7 @@ def test_rule_on_recorded_signals_matches_the_model(model):
         model.step([(p, c)], Policy.backbone())
         for t in toks:
             sims = model.step([([t], c)], Policy.backbone()).sims[0].numpy()
-            assert C.exits_of(sims[None], tau, 1)[0] == e[row]
+            assert RULE.exits_of(sims[None], tau, 1)[0] == e[row]
             fresh = model.new_cache(64)
             model.step([(p, fresh)], Policy.backbone())
             row += 1
@@ -64,15 +65,15 @@ def test_rule_on_recorded_signals_matches_the_model(model):
 
 @pytest.mark.parametrize("kind", ["kl", "depth"])
 def test_calibration_meets_its_target_on_unseen_prompts(tiny_llama, tmp_path, kind):
-    s = C.Settings(n_prompts=12, decode_tokens=12, online_tokens=48, batch=6)
+    s = T.Settings(n_prompts=12, decode_tokens=12, online_tokens=48, batch=6)
     model = RiverModel(tiny_llama, emulate=False)
     L = model.args.n_layer
-    probe = C.calibrate(model, [list(range(3 + i, 9 + 2 * i)) for i in range(12)], C.Target("depth", L), s)
+    probe = RULE.calibrate(model, [list(range(3 + i, 9 + 2 * i)) for i in range(12)], T.Target("depth", L), s)
     river_kl = probe["test"]["all_river"]["kl"]
     assert river_kl > 0
     goal = river_kl / 2 if kind == "kl" else L / 2
     out = tmp_path / "cal.gguf"
-    summary = C.calibrate_file(tiny_llama, out, C.Target(kind, goal), s)
+    summary = REP.calibrate_file(tiny_llama, out, T.Target(kind, goal), s)
     test = summary["test"]["rule"]
     # checked online over online_tokens, not the fit's decode_tokens: the rule's own K/V feed later tokens
     assert test["tokens_per_prompt"] == summary["fit_online"]["tokens_per_prompt"] == 48
@@ -97,24 +98,45 @@ def test_calibration_meets_its_target_on_unseen_prompts(tiny_llama, tmp_path, ki
     assert value(r, F.KEY_GATE) == pytest.approx(g["gate_entropy"]) and g["gate_entropy"] >= 0
     assert json.loads(value(r, F.KEY_GATE_SUMMARY)) == json.loads(json.dumps(g))
     assert g["target"]["kind"] == "kl" and g["target"]["value"] == (goal if kind == "kl" else 0.05)
+    assert g["test_online"]["tokens_per_prompt"] == 48   # the gate is checked online too
+    assert g["target_met_online"] == (g["test_online"]["kl"] <= g["target"]["value"])
+
+
+def test_online_gated_spans_backbone_and_all_river(model):
+    """The gated mode's online check: gate 0 falls back on every token (the backbone: KL 0), gate +inf never
+    (all-river with its own K/V: the all-river online figure); between them, between."""
+    from river_edge.calibration.gate import online_gated, record_gate
+
+    s = T.Settings(decode_tokens=4, online_tokens=10, batch=4)
+    _, aux = REC.record(model, PROMPTS, s)
+    back = online_gated(model, aux["ref"], 0.0, s.batch)
+    assert back["fallback_rate"] == 1 and back["kl"] < 1e-6 and back["agreement"] == 1
+    river = online_gated(model, aux["ref"], math.inf, s.batch)
+    all_river = RULE.online(model, aux["ref"], lambda i, n: Policy(forced=-1), s.batch, prefill=Policy.backbone())
+    assert river["fallback_rate"] == 0 and river["kl"] > 1e-3
+    assert river["kl"] == pytest.approx(all_river["kl"], rel=1e-5)
+    rec, _ = record_gate(model, PROMPTS, s)
+    mid = online_gated(model, aux["ref"], float(np.median(rec["entropy"])), s.batch)
+    assert 0 < mid["fallback_rate"] < 1 and 0 < mid["kl"] < river["kl"]
 
 
 def test_bad_targets_and_inputs(tiny_llama, tmp_path):
     with pytest.raises(RiverError, match="unknown calibration target"):
-        C.Target("speed", 1.0)
+        T.Target("speed", 1.0)
     with pytest.raises(RiverError, match="out of range"):
-        C.Target("kl", float("nan"))
+        T.Target("kl", float("nan"))
     with pytest.raises(RiverError, match="out of range"):
-        C.Target("agreement", 1.5)
+        T.Target("agreement", 1.5)
     with pytest.raises(RiverError, match="never overwrites"):
-        C.calibrate_file(tiny_llama, tiny_llama, C.Target("kl", 0.1))
+        REP.calibrate_file(tiny_llama, tiny_llama, T.Target("kl", 0.1))
     base = plain(tiny_llama, tmp_path / "base.gguf", "backbone")
     with pytest.raises(RiverError, match="river"):
-        C.calibrate_file(base, tmp_path / "out.gguf", C.Target("kl", 0.1))
+        REP.calibrate_file(base, tmp_path / "out.gguf", T.Target("kl", 0.1))
 
 
 def test_verdict_words_follow_the_numbers():
-    from river_edge.calibrate import Target, verdict
+    from river_edge.calibration.rule import verdict
+    from river_edge.calibration.target import Target
 
     med = {"cosine": -0.02, "river_entropy": 0.83}
     rule, rnd = {"depth": 2.0, "kl": 0.10, "agreement": 0.8}, {"depth": 2.0, "kl": 0.10, "agreement": 0.8}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from river_edge import calibrate as C
+from river_edge.calibration import prompts as P, target as C
 from river_edge import defaults as D
 from river_edge import format as F
 from river_edge import zoo
@@ -191,18 +191,18 @@ def test_calibrate_refuses_in_place_and_base_models(runner, tiny_llama, tiny_lla
 
 def test_read_prompts(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"prompt": "one"}\n\n{"prompt": "two", "answer": 2}\n')
-    assert C.read_prompts(tmp_path / "a.jsonl") == ["one", "two"]
+    assert P.read_prompts(tmp_path / "a.jsonl") == ["one", "two"]
     (tmp_path / "b.txt").write_text("first line\n  \nsecond line\n")
-    assert C.read_prompts(tmp_path / "b.txt") == ["first line", "second line"]
+    assert P.read_prompts(tmp_path / "b.txt") == ["first line", "second line"]
     (tmp_path / "c.jsonl").write_text('{"prompt": "ok"}\n{"question": "no"}\n')
     with pytest.raises(RiverError, match=r"c.jsonl:2: .*prompt"):
-        C.read_prompts(tmp_path / "c.jsonl")
+        P.read_prompts(tmp_path / "c.jsonl")
     (tmp_path / "d.txt").write_text("\n\n")
     with pytest.raises(RiverError, match="no prompts"):
-        C.read_prompts(tmp_path / "d.txt")
+        P.read_prompts(tmp_path / "d.txt")
     (tmp_path / "e.txt").write_bytes(b"\xff\xfe\x00bad")
     with pytest.raises(RiverError, match="UTF-8"):
-        C.read_prompts(tmp_path / "e.txt")
+        P.read_prompts(tmp_path / "e.txt")
 
 
 # -- inspect, validate ---------------------------------------------------------------------------------

@@ -295,13 +295,20 @@ def test_exact_512_tokens_smollm2():
 
 
 def test_gate_fit_written_and_read(tiny_llama, tmp_path):
-    from river_edge.calibrate import Settings, Target
-    from river_edge.gate import calibrate_gate, fit_gate, gate_metrics
+    from river_edge.calibration.gate import fit_gate, gate_metrics, gate_report
+    from river_edge.calibration.target import Settings, Target
+    from river_edge.gguf_tools.build import set_river_keys
+    from river_edge.reference import RiverModel
 
-    dst = tmp_path / "gated.gguf"
-    s = calibrate_gate(tiny_llama, dst, Target("kl", 0.01), Settings(n_prompts=4, decode_tokens=8, online_tokens=8))
+    prompts = [[5, 77, 120, 3, 64], [9, 8, 7, 6, 5, 4, 3], [100, 101, 102], [40, 41, 42, 43, 44, 45]]
+    s = gate_report(RiverModel(tiny_llama, emulate=False), prompts, Target("kl", 0.01),
+                    Settings(n_prompts=4, decode_tokens=8, online_tokens=8))
     assert s["fit"]["kl"] <= 0.01 and 0 <= s["fit"]["fallback_rate"] <= 1
-    assert s["test"]["random"]["kl"] >= 0
+    # random fallback at the gate's rate costs (1 - rate) x the all-river KL
+    t = s["test"]
+    assert t["random"]["kl"] == pytest.approx((1 - t["fallback_rate"]) * s["test_all_river"]["kl"])
+    dst = tmp_path / "gated.gguf"
+    set_river_keys(tiny_llama, dst, gate_entropy=s["gate_entropy"])
     llm = RiverLlama(str(dst), mode="gated", n_ctx=64)
     assert abs(llm._spec.gate - s["gate_entropy"]) < 1e-5
     rec = {"kl": np.array([0.0, 0.1, 0.2, 0.4]), "agree": np.array([1.0, 1, 0, 0]),

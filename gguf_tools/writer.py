@@ -1,0 +1,167 @@
+"""Writing GGUFs: one tensor at a time, through a temporary file beside the destination renamed over it,
+and copies of a GGUF with keys or tensors changed, dropped or added. Built on gguf-py's GGUFWriter."""
+from __future__ import annotations
+
+import contextlib
+import glob
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as V, GGUFWriter
+
+from river_edge import format as F
+from river_edge.format import RiverError
+
+from .reader import ggml_shape, open_gguf, raw_value, value
+
+Progress = Callable[[int, int, str], None]  # (done, total, what): after each tensor written, and (0, total, ...) first
+DROP = object()   # copy(): drop this key or tensor
+
+
+class Tensor:
+    """One tensor to write: name, ggml shape and type, and a function giving its data when written."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], qtype: T, data: Callable[[], np.ndarray]):
+        self.name, self.shape, self.qtype, self.data = name, shape, qtype, data
+
+    @property
+    def nbytes(self) -> int:
+        block, size = GGML_QUANT_SIZES[self.qtype]
+        return math.prod(self.shape) // block * size
+
+
+def arch_of(r, path: Path) -> tuple[str, int]:
+    arch = value(r, "general.architecture")
+    if arch not in F.ARCHITECTURES:
+        raise RiverError(f"{path}: unsupported architecture '{arch}': river-edge supports {', '.join(F.ARCHITECTURES)}")
+    n_layer = value(r, f"{arch}.block_count")
+    if not isinstance(n_layer, int) or n_layer < 1:
+        raise RiverError(f"{path}: missing or bad {arch}.block_count")
+    return arch, n_layer
+
+
+def kv_of(r, skip: set[str]) -> list[tuple[str, object, V, V | None]]:
+    """The source's keys as GGUFWriter takes them, less gguf-py's synthetic GGUF.* header fields."""
+    out = []
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k in skip:
+            continue
+        out.append((k, *raw_value(f)))
+    return out
+
+
+class _Writer(GGUFWriter):
+    def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+        # An empty array is valid GGUF that gguf-py refuses to write; carry it over all the same.
+        if vtype == V.ARRAY and len(val) == 0:
+            head = self._pack("I", vtype) if add_vtype else b""
+            return head + self._pack("I", sub_type or V.UINT8) + self._pack("Q", 0)
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+
+def temp_beside(dst: str | Path, suffix: str = ".part") -> Path:
+    """A new empty hidden file beside `dst` for writing it (then os.replace: atomic on one file system).
+
+    Its name carries this process's pid; temporary files of earlier writes of `dst` whose process is gone
+    (a killed build leaves hundreds of MB) are removed first, a live concurrent writer's are left alone.
+    """
+    dst = Path(dst)
+    for part in dst.parent.glob(f".{glob.escape(dst.name)}.*{glob.escape(suffix)}"):
+        pid = part.name[len(dst.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit():   # named before pids were: stale once an hour old
+            with contextlib.suppress(OSError):
+                if time.time() - part.stat().st_mtime > 3600:
+                    part.unlink()
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue          # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue          # someone else's live process
+        with contextlib.suppress(OSError):
+            part.unlink()
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.{os.getpid()}.", suffix=suffix)
+    os.close(fd)
+    return Path(tmp)
+
+
+def write(dst: Path, arch: str, kv: list[tuple], tensors: list[Tensor], progress: Progress | None) -> None:
+    """Write a GGUF to a temporary file beside `dst`, then rename it over `dst` (never half a file).
+
+    Tensor infos go out first and the data one tensor at a time, so at most one converted tensor
+    (plus its float32 copy) is in memory at once.
+    """
+    tmp = temp_beside(dst)
+    try:
+        w = _Writer(tmp, arch)
+        for key, val, vtype, sub in kv:
+            if key == "general.alignment":
+                w.data_alignment = int(val)
+            # add_key_value, not add_string/add_array: those silently drop empty values.
+            w.add_key_value(key, val, vtype, sub)
+        for t in tensors:
+            # numpy order with a non-uint8 dtype: GGUFWriter reverses it back to the ggml shape.
+            w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for i, t in enumerate(tensors):
+            data = np.ascontiguousarray(t.data())
+            if data.nbytes != t.nbytes:
+                raise RiverError(f"tensor {t.name}: {data.nbytes} bytes of data for {t.nbytes} expected")
+            w.write_tensor_data(data)
+            if progress:
+                progress(i + 1, len(tensors), t.name)
+        w.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the result is an ordinary file
+        os.replace(tmp, dst)
+    except OSError as e:
+        raise RiverError(f"{dst}: cannot write ({e.strerror or e})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def check_dst(src: Path, dst: Path, same_ok: bool) -> None:
+    if not same_ok and src.exists() and dst.exists() and os.path.samefile(src, dst):  # symlinks, hard links too
+        raise RiverError(f"{dst}: the output would overwrite the input; choose another path")
+    if not dst.parent.is_dir():
+        raise RiverError(f"{dst}: folder {dst.parent} does not exist")
+
+
+def copy(src: str | Path, dst: str | Path, keys: dict | None = None, tensors: dict | None = None,
+         arch: str | None = None, progress: Progress | None = None) -> Path:
+    """Copy the GGUF `src` to `dst` (which may be `src`: replaced atomically) with keys and tensors changed.
+
+    keys: {name: DROP | (value, GGUFValueType[, array item type])}; tensors: {name: DROP | (ggml shape, type,
+    data)}; names the source lacks are added. `arch` overrides general.architecture."""
+    src, dst = Path(src), Path(dst)
+    check_dst(src, dst, same_ok=True)
+    keys, tensors = dict(keys or {}), dict(tensors or {})
+    r = open_gguf(src)
+    arch = arch or value(r, "general.architecture")
+    full = lambda v: (*v, None) if len(v) == 2 else tuple(v)
+    kv = []
+    for k, v, t, s in kv_of(r, skip={"general.architecture"}):
+        new = keys.pop(k, None)
+        if new is not DROP:
+            kv.append((k, *full(new)) if new else (k, v, t, s))
+    kv += [(k, *full(v)) for k, v in keys.items() if v is not DROP]
+    out = []
+    for t in r.tensors:
+        new = tensors.pop(t.name, None)
+        if new is not DROP:
+            out.append(Tensor(t.name, *new[:2], lambda d=new[2]: d) if new else
+                       Tensor(t.name, ggml_shape(t), t.tensor_type, lambda t=t: t.data))
+    out += [Tensor(n, *v[:2], lambda d=v[2]: d) for n, v in tensors.items() if v is not DROP]
+    write(dst, arch, kv, out, progress)
+    return dst

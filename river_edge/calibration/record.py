@@ -1,0 +1,125 @@
+"""Recording: the backbone decodes greedily in the reference; for every decode token and layer l, the
+paper's signal s_l = cos(h_l, h_l+1) (also without the massive-activation dimensions), and what exiting
+after l costs against the backbone (KL, top-1 agreement, the exit's entropy), the river attending to the
+backbone's cache ("clean": all layers at once, cheap). The decode runs on as far as the online checks go
+(Settings.online_tokens) and their reference log-probs are kept."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..reference import Cache, Policy, RiverModel
+from ..reference.llama import rms_norm
+from .target import Settings
+
+
+@dataclass
+class Trace:
+    """Per decode token (rows) and layer (columns); the column L-1 of the damage is exact zero."""
+    sims: np.ndarray          # s_l
+    sims_nomassive: np.ndarray
+    kl: np.ndarray            # clean KL(backbone || exit after l)
+    agree: np.ndarray         # clean top-1 agreement of exit after l
+    entropy: np.ndarray       # entropy of the exit-after-l distribution (the river's own uncertainty)
+    prompt_of: np.ndarray     # prompt index of every row
+
+
+def kl_div(logp_ref: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    logq = torch.log_softmax(logits, -1)
+    return (logp_ref.exp() * (logp_ref - logq)).sum(-1).clamp_min(0)
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    lp = torch.log_softmax(logits, -1)
+    return -(lp.exp() * lp).sum(-1)
+
+
+def decode_backbone(model: RiverModel, prompts: list[list[int]], n: int):
+    """Greedy backbone decoding in lockstep: caches, decoded tokens, and per step h_0..h_L and logits."""
+    size = max(map(len, prompts)) + n + 1  # one size: _clean_exits stacks the caches
+    caches = [model.new_cache(size) for _ in prompts]
+    st = model.step(list(zip(prompts, caches)), Policy.backbone(), per_sequence=True)
+    last = torch.stack([lg[-1] for lg in st.logits])
+    toks, hid, logits, pos = [], [], [], []
+    for _ in range(n):
+        nxt = last.argmax(-1).tolist()
+        pos.append([c.n for c in caches])
+        st = model.step([([t], c) for t, c in zip(nxt, caches)], Policy.backbone(), per_sequence=True,
+                        keep_hidden=True)
+        toks.append(nxt)
+        hid.append(st.hidden)                       # [L+1, B, d]
+        last = torch.cat(st.logits)
+        logits.append(last)
+    return caches, toks, torch.stack(hid, 2), torch.stack(logits, 1), torch.tensor(pos).T
+
+
+def clean_exits(model: RiverModel, caches: list[Cache], hid: torch.Tensor, pos: torch.Tensor, layers):
+    """Logits of exiting after each l in `layers` for every decode row, the river attending to the
+    backbone's cache for earlier positions and to its own K/V at the token's position."""
+    a, L = model.args, model.args.n_layer
+    B, T = pos.shape
+    rep, scale = a.n_head // a.n_head_kv, a.head_dim ** -0.5
+    S = int(pos.max()) + 1
+    past = torch.arange(S)[None, None, None, :] < pos[:, None, None, :, None]   # [B, 1, 1, T, S]: s < p
+    for e in layers:
+        h = hid[e + 1].reshape(B * T, -1).clone()
+        for il in range(e + 1, L):
+            def attend(q, k, v, il=il):
+                q = q.view(B, T, a.n_head_kv, rep, a.head_dim)
+                k, v = k.view(B, T, a.n_head_kv, 1, a.head_dim), v.view(B, T, a.n_head_kv, 1, a.head_dim)
+                K = torch.stack([c.k[il, :S] for c in caches])                      # [B, S, G, D]
+                V = torch.stack([c.v[il, :S] for c in caches])
+                s = torch.einsum("btgrd,bsgd->bgrts", q, K) * scale
+                s = s.masked_fill(~past, float("-inf"))
+                own = torch.einsum("btgrd,btgrd->bgrt", q, k.expand_as(q))[..., None] * scale
+                pr = torch.softmax(torch.cat([s, own], -1), -1)
+                o = torch.einsum("bgrts,bsgd->btgrd", pr[..., :S], V) + pr[..., S].permute(0, 3, 1, 2)[..., None] * v
+                return o.reshape(B * T, a.n_head, a.head_dim)
+            h = model.river[il](h, pos.reshape(-1), attend)
+        yield e, model.head(rms_norm(h, model.out_norm, a.eps)).reshape(B, T, -1)
+
+
+def massive_dims(hid: torch.Tensor, k: int = 4, ratio: float = 20.0) -> list[int]:
+    """The few dimensions whose mean |h| dwarfs the median one in some layer (SmolLM2: 17, Qwen2.5: 490)."""
+    m = hid[1:].abs().flatten(1, -2).mean(1)                     # [L, d]
+    r = (m / m.median(-1, keepdim=True).values).amax(0)          # worst ratio over layers, per dim
+    top = torch.topk(r, k)
+    return sorted(int(i) for v, i in zip(top.values, top.indices) if v > ratio)
+
+
+def record(model: RiverModel, prompts: list[list[int]], s: Settings, tick: Callable[[int], None] = lambda n: None,
+           massive: list[int] | None = None) -> tuple[Trace, dict]:
+    L = model.args.n_layer
+    parts, ref = [], {}
+    for b0 in range(0, len(prompts), s.batch):
+        batch = prompts[b0:b0 + s.batch]
+        # the backbone decodes as far as the online checks go; the fit records the first decode_tokens
+        T = s.decode_tokens
+        caches, toks, hid, logits, pos = decode_backbone(model, batch, max(T, s.online_tokens))
+        logp = torch.log_softmax(logits, -1)                       # [B, n, V]: the online reference
+        hid, logits, pos = hid[:, :, :T], logits[:, :T], pos[:, :T]
+        if massive is None:
+            massive = massive_dims(hid)
+        top = logits.argmax(-1)
+        exits = clean_exits(model, caches, hid, pos, range(L - 1))
+        kl = torch.zeros(len(batch), T, L)
+        agree = torch.ones_like(kl)
+        ent = torch.zeros_like(kl)
+        ent[..., L - 1] = entropy(logits)
+        for e, lg in exits:
+            kl[..., e], agree[..., e], ent[..., e] = kl_div(logp[:, :T], lg), (lg.argmax(-1) == top).float(), entropy(lg)
+        h0, h1 = hid[:-1], hid[1:]                                 # [L, B, T, d]
+        cos = torch.nn.functional.cosine_similarity(h0, h1, dim=-1).permute(1, 2, 0)
+        keep = torch.ones(hid.shape[-1], dtype=torch.bool)
+        keep[massive] = False
+        cosm = torch.nn.functional.cosine_similarity(h0[..., keep], h1[..., keep], dim=-1).permute(1, 2, 0)
+        idx = torch.arange(b0, b0 + len(batch))[:, None].expand(-1, T)
+        parts.append([cos, cosm, kl, agree, ent, idx])
+        for i, p in enumerate(batch):
+            ref[b0 + i] = (p, [t[i] for t in toks], logp[i])
+        tick(len(batch))
+    cat = [torch.cat([p[j] for p in parts]).reshape(-1, *parts[0][j].shape[2:]).numpy() for j in range(6)]
+    return Trace(*cat[:5], prompt_of=cat[5]), {"massive": massive, "ref": ref}

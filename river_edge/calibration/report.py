@@ -1,0 +1,80 @@
+"""A river GGUF calibrated into a new file: the rule and the gate fitted, the keys written, the summary table,
+DST.calibration.json and DST.calibration.png."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Callable
+
+from ..format import RiverError
+from ..reference import RiverModel
+from .gate import compact as gate_compact, gate_line, gate_report, gate_target
+from .prompts import default_prompts
+from .rule import calibrate
+from .target import Settings, Target
+
+
+def format_summary(s: dict) -> str:
+    t, L = s["test"], s["test"]["backbone"]["depth"]
+    rows = [("rule (fitted)", t["rule"]), ("random, same depth", t["random_same_depth"]),
+            ("all-river", t["all_river"]), ("backbone", t["backbone"])]
+    out = [f"target {s['target']['kind']} = {s['target']['value']}; rule {s['rule']}, min exit layer "
+           f"{s['min_exit_layer']}; fit on {s['n_fit_prompts']} prompts, shown on {s['n_test_prompts']} unseen",
+           f"online: {t['rule'].get('tokens_per_prompt', '?')} tokens per prompt, teacher-forced on the backbone's "
+           f"greedy text, each policy writing its own K/V",
+           f"{'policy':<20}{'depth':>8}{'of':>4}{'KL':>10}{'top-1':>8}"]
+    out += [f"{n:<20}{m['depth']:>8.2f}{int(L):>4}{m['kl']:>10.4f}{m['agreement']:>8.3f}" for n, m in rows]
+    if q := t["rule"].get("kl_quarters"):
+        out.append("rule's KL by quarter of the generation: " + ", ".join(f"{x:.4f}" for x in q))
+    med = s["spearman_median"]
+    out.append("median Spearman with the damage, per layer: " +
+               ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in med.items()))
+    out.append("verdict: " + s["verdict"])
+    if g := s.get("gate"):
+        out.append(gate_line(g))
+    return "\n".join(out)
+
+
+def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings = Settings(),
+                   progress: Callable[[str, int, int], None] = lambda what, done, total: None,
+                   label: str | None = None) -> dict:
+    """Fit thresholds for the river GGUF `src` and write them to `dst` (never `src`), with the report
+    beside it: DST.calibration.json and DST.calibration.png. `label` names the model in the summary and
+    the plot (default: src's file name; a build through a temporary file passes the final name)."""
+    from ..gguf_tools.build import set_river_keys
+    from ..gguf_tools.inspect import check
+    from ..plots import calibration_figure
+    from ..tokenizer import Tokenizer
+
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise RiverError(f"{dst}: calibration never overwrites its input; choose another output")
+    check(src, require_river=True)
+    progress("loading the model", 0, 1)
+    model = RiverModel(src, emulate=False)  # the exact math; ggml's rounding only matters at 1e-3
+    tok = Tokenizer(src)
+    texts = s.prompts or default_prompts()
+    random.Random(s.seed).shuffle(texts := list(texts))
+    prompts = [tok.chat(t) for t in texts[: s.n_prompts]]
+    summary = calibrate(model, prompts, target, s, progress)
+    summary["source"] = label = label or src.name
+    # the gated mode's gate, on the same prompts and target (a depth target: the default KL)
+    progress("fitting the gated mode's gate", 0, 1)
+    gate = gate_report(model, prompts, gate_target(target), s)
+    summary["gate"] = gate_compact(gate)
+    progress("fitting the gated mode's gate", 1, 1)
+    set_river_keys(src, dst, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
+                   calibrated=True, fit_summary=json.dumps(_compact(summary)), gate_entropy=gate["gate_entropy"],
+                   gate_summary=json.dumps(summary["gate"]))
+    Path(f"{dst}.calibration.json").write_text(json.dumps(summary, indent=1))
+    calibration_figure(summary, f"{dst}.calibration.png", f"{label}: calibration, {target.kind} <= {target.value}"
+                       if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
+    return summary
+
+
+def _compact(s: dict) -> dict:
+    """What goes into the GGUF: the fit and its test figures, without the per-layer arrays and sweep."""
+    keep = ("target", "rule", "min_exit_layer", "quantile", "settings", "n_fit_prompts", "n_test_prompts",
+            "massive_dims", "fit_online", "test", "spearman_median", "verdict", "source")
+    return {k: s[k] for k in keep if k in s}

@@ -1,0 +1,237 @@
+"""The rule on recorded signals (fit), online (the rule writing its own K/V over Settings.online_tokens
+generated tokens, tightened until the target holds there), against random selection at the same depth,
+and the verdict, worded from the numbers."""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..format import RiverError
+from ..reference import Policy, RiverModel
+from .record import Trace, kl_div, record
+from .target import Settings, Target
+
+
+# -- the rule on recorded signals ----------------------------------------------------------------------
+
+def exits_of(sims: np.ndarray, tau: np.ndarray, m: int) -> np.ndarray:
+    """Exit layer of every row under the rule (first l in [m, L-2] with s_l > tau_l, else L-1)."""
+    L = sims.shape[1]
+    over = sims[:, m:L - 1] > tau[m:L - 1]
+    first = over.argmax(1) + m
+    return np.where(over.any(1), first, L - 1)
+
+
+def predict(tr: Trace, e: np.ndarray) -> dict:
+    r = np.arange(len(e))
+    return {"depth": float(np.mean(e + 1)), "kl": float(tr.kl[r, e].mean()), "agreement": float(tr.agree[r, e].mean())}
+
+
+def candidates(tr: Trace, rule: str, min_exit: Sequence[int]):
+    """(thresholds, min exit layer) of the rule family: per-layer quantiles, or one tau for all layers."""
+    L = tr.sims.shape[1]
+    qs = np.linspace(0, 1, 81)
+    for m in min_exit:
+        for q in qs:
+            if rule == "per-layer":
+                tau = np.quantile(tr.sims, q, axis=0)
+            else:
+                tau = np.full(L, np.quantile(tr.sims[:, m:L - 1], q))
+            tau = tau.astype(np.float32)
+            if q == 0:
+                # exit at m whatever the similarity (the lowest quantile itself is no "over"): 0, the lowest
+                # threshold the format allows, as a residual layer never turns its state by 90 degrees
+                tau[:] = 0.0
+            tau[:m] = np.inf
+            tau[L - 1] = np.inf
+            yield tau, m, float(q)
+
+
+def fit(tr: Trace, target: Target, rule: str, inflation: float) -> dict:
+    """The cheapest rule (least backbone depth) whose clean figures, with KL and disagreement scaled by
+    the measured clean-to-online inflation, meet the target; for a depth target the least KL."""
+    L = tr.sims.shape[1]
+    best = None
+    for tau, m, q in candidates(tr, rule, range(1, L - 1)):
+        p = predict(tr, exits_of(tr.sims, tau, m))
+        online = dict(p, kl=p["kl"] * inflation, agreement=1 - (1 - p["agreement"]) * inflation)
+        if not target.met(online):
+            continue
+        key = (p["kl"], p["depth"]) if target.kind == "depth" else (p["depth"], p["kl"])
+        if best is None or key < best[0]:
+            best = (key, dict(thresholds=tau, min_exit_layer=m, quantile=q, clean=p))
+    if best is None:  # only the backbone meets it
+        return dict(thresholds=np.full(L, np.inf, np.float32), min_exit_layer=1, quantile=1.0,
+                    clean=predict(tr, np.full(len(tr.sims), L - 1)))
+    return best[1]
+
+
+# -- online evaluation ---------------------------------------------------------------------------------
+
+def online(model: RiverModel, ref: dict, policy_for_step: Callable[[int, int], Policy], batch: int,
+           prefill: Policy | None = None) -> dict:
+    """Teacher-forced decoding of the backbone's tokens (all of ref's, Settings.online_tokens per prompt)
+    with a policy that writes its own KV cache, so river-written K/V feed every later token as at run time.
+    policy_for_step(step, batch size) gives each step's policy; KL/agreement against the backbone."""
+    kls, agrees, depths, at = [], [], [], []
+    items = list(ref.values())
+    for b0 in range(0, len(items), batch):
+        chunk = items[b0:b0 + batch]
+        caches = [model.new_cache(len(p) + len(t) + 1) for p, t, _ in chunk]
+        model.step([(p, c) for (p, _, _), c in zip(chunk, caches)], prefill or policy_for_step(-1, len(chunk)),
+                   per_sequence=True)
+        for i in range(len(chunk[0][1])):
+            st = model.step([([t[i]], c) for (_, t, _), c in zip(chunk, caches)], policy_for_step(i, len(chunk)),
+                            per_sequence=True)
+            lg = torch.cat(st.logits)
+            ref_lp = torch.stack([lp[i] for _, _, lp in chunk])
+            kls.append(kl_div(ref_lp, lg))
+            at.append(torch.full((len(chunk),), i))
+            agrees.append((lg.argmax(-1) == ref_lp.argmax(-1)).float())
+            depths.append(torch.tensor(st.exit_layer, dtype=torch.float32) + 1)
+    cat = lambda xs: float(torch.cat(xs).mean())
+    n = min(len(t) for _, t, _ in items)
+    kl, at = torch.cat(kls), torch.cat(at)
+    # does river-written K/V make later tokens worse? mean KL per quarter of the positions
+    quarters = [float(kl[(at * 4 // n) == q].mean()) for q in range(4)] if n >= 4 else []
+    return {"depth": cat(depths), "kl": cat(kls), "agreement": cat(agrees), "tokens_per_prompt": n,
+            "kl_quarters": quarters}
+
+
+def rule_policy(tau, m) -> Callable[[int, int], Policy]:
+    return lambda i, n: Policy(thresholds=[float(x) for x in tau], min_exit_layer=m)
+
+
+def random_policy(p_backbone: float, L: int, seed: int) -> Callable[[int, int], Policy]:
+    """Each token all-backbone with probability p, else all-river: random selection at a given depth."""
+    rng = random.Random(seed)
+    return lambda i, n: Policy(forced=[L - 1 if rng.random() < p_backbone else -1 for _ in range(n)])
+
+
+# -- correlation of signals with damage ----------------------------------------------------------------
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def signal_quality(tr: Trace) -> dict:
+    """Per layer, Spearman of each signal with the KL of exiting there. A good exit signal says 'safe'
+    where damage is low: high cosine should mean low KL (negative rho), high entropy high KL (positive)."""
+    L = tr.sims.shape[1]
+    out = {}
+    for name, sig in (("cosine", tr.sims), ("cosine_no_massive", tr.sims_nomassive), ("river_entropy", tr.entropy)):
+        out[name] = [spearman(sig[:, l], tr.kl[:, l]) for l in range(L - 1)]
+    return out
+
+
+# -- the whole calibration -----------------------------------------------------------------------------
+
+def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Settings,
+              progress: Callable[[str, int, int], None] = lambda what, done, total: None) -> dict:
+    """Fit on the first half of the prompts, report on the second. Returns the fit summary."""
+    if len(prompts) < 2:
+        raise RiverError("calibration needs at least 2 prompts")
+    if model.river is None:
+        raise RiverError("this GGUF has no river tensors: build one with `river build`")
+    L = model.args.n_layer
+    rng = random.Random(s.seed)
+    order = list(range(len(prompts)))
+    rng.shuffle(order)
+    half = len(order) // 2
+    fit_p, test_p = [prompts[i] for i in order[:half]], [prompts[i] for i in order[half:]]
+    total = len(prompts) + 3 * len(test_p) + 3 * len(fit_p)
+    done = [0]
+
+    def tick(what):
+        def f(n):
+            done[0] += n
+            progress(what, done[0], total)
+        return f
+
+    progress("recording signals (fit prompts)", 0, total)  # the first tick comes only after a whole batch
+    tr_fit, aux = record(model, fit_p, s, tick("recording signals (fit prompts)"))
+    tr_test, aux_test = record(model, test_p, s, tick("recording signals (test prompts)"), massive=aux["massive"])
+
+    # Fit on clean figures, then tighten until the rule meets the target online on the fit prompts.
+    inflation, chosen, measured = 1.0, None, None
+    for _ in range(3):
+        chosen = fit(tr_fit, target, s.rule, inflation)
+        measured = online(model, aux["ref"], rule_policy(chosen["thresholds"], chosen["min_exit_layer"]), s.batch)
+        tick("checking the fit online")(len(fit_p))
+        if target.met(measured):
+            break
+        c = chosen["clean"]
+        ratio = (measured["kl"] / max(c["kl"], 1e-9)) if target.kind == "kl" else \
+                ((1 - measured["agreement"]) / max(1 - c["agreement"], 1e-9))
+        inflation = max(inflation * 1.25, ratio)  # the measured clean-to-online inflation
+    if not target.met(measured):  # fall back to the backbone: it always meets a quality target
+        chosen = dict(thresholds=np.full(L, np.inf, np.float32), min_exit_layer=1, quantile=1.0,
+                      clean=predict(tr_fit, np.full(len(tr_fit.sims), L - 1)))
+
+    tau, m = chosen["thresholds"], chosen["min_exit_layer"]
+    test_rule = online(model, aux_test["ref"], rule_policy(tau, m), s.batch)
+    tick("evaluating on test prompts")(len(test_p))
+    p_bb = test_rule["depth"] / L
+    test_random = online(model, aux_test["ref"], random_policy(p_bb, L, s.seed), s.batch,
+                         prefill=Policy.backbone())
+    tick("evaluating on test prompts")(len(test_p))
+    test_river = online(model, aux_test["ref"], lambda i, n: Policy(forced=-1), s.batch)
+    tick("evaluating on test prompts")(len(test_p))
+    quality = signal_quality(tr_test)
+    sweep = []
+    for tau_c, m_c, q in candidates(tr_test, s.rule, [m]):
+        sweep.append(dict(quantile=q, **predict(tr_test, exits_of(tr_test.sims, tau_c, m_c))))
+    median = {k: float(np.nanmedian(v)) for k, v in quality.items()}
+    # the least threshold exits at the min exit layer whatever the similarity: one exit layer for every
+    # token, so "random tokens at the same depth" is the same configuration, not a comparison
+    degenerate = bool(np.all(np.asarray(tau[m:L - 1]) <= 0.0))
+    progress("done", total, total)
+    return {
+        "target": asdict(target),
+        "rule": s.rule,
+        "thresholds": [float(x) for x in tau],
+        "min_exit_layer": int(m),
+        "quantile": chosen["quantile"],
+        "settings": {k: v for k, v in asdict(s).items() if k != "prompts"},
+        "n_fit_prompts": len(fit_p), "n_test_prompts": len(test_p),
+        "massive_dims": aux["massive"],
+        "fit_online": measured,
+        "test": {"rule": test_rule, "random_same_depth": test_random, "all_river": test_river,
+                 "backbone": {"depth": float(L), "kl": 0.0, "agreement": 1.0}},
+        "test_clean_sweep": sweep,
+        "spearman_per_layer": quality,
+        "spearman_median": median,
+        "degenerate": degenerate,
+        "target_met_on_test": target.met(test_rule),
+        "verdict": verdict(median, test_rule, test_random, degenerate, target, int(m)),
+    }
+
+
+def verdict(median: dict, rule: dict, rnd: dict, degenerate: bool = False, target: Target | None = None,
+            m: int = 0) -> str:
+    rho = median["cosine"]
+    words = "barely predicts" if abs(rho) < 0.3 else "weakly predicts" if abs(rho) < 0.5 else "predicts"
+    s = (f"the paper's cosine signal {words} the damage of exiting on this model (median Spearman "
+         f"{rho:+.2f} per layer; a useful signal would be strongly negative); the river's own entropy: "
+         f"{median['river_entropy']:+.2f}.")
+    if degenerate:
+        s += (f" Degenerate fit: every token exits after layer {m} whatever its similarity (the rule decides "
+              "nothing; random selection at that depth is the same configuration).")
+    elif rule["depth"] <= rnd["depth"] * 1.02 + 0.1 and rule["kl"] != rnd["kl"]:
+        # random is drawn at the rule's depth; a small excess depth (sampling noise) still counts as "same"
+        better = "random token selection" if rnd["kl"] < rule["kl"] else "the rule"
+        s += (f" At the same depth {better} does better (KL {min(rnd['kl'], rule['kl']):.4f} vs "
+              f"{max(rnd['kl'], rule['kl']):.4f}).")
+    if target is not None and not target.met(rule):
+        got = rule[target.kind]
+        at = f" over {rule['tokens_per_prompt']} generated tokens" if "tokens_per_prompt" in rule else ""
+        s += (f" The target {target.kind} {'<=' if target.kind != 'agreement' else '>='} {target.value:g} is not met "
+              f"on unseen prompts{at}: {got:.4g}, {abs(got - target.value):.2g} off.")
+    return s

@@ -1,0 +1,36 @@
+"""What a calibration fits to (Target) and how it measures (Settings)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..format import RiverError
+
+
+@dataclass
+class Target:
+    """What the fit must meet on average over decode tokens: kl (max mean KL), agreement (min top-1
+    agreement with the backbone) or depth (max mean backbone layers per token: a speed target)."""
+    kind: str
+    value: float
+
+    def __post_init__(self):
+        if self.kind not in ("kl", "agreement", "depth"):
+            raise RiverError(f"unknown calibration target {self.kind!r}: use kl, agreement or depth")
+        if not math.isfinite(self.value) or self.value < 0 or (self.kind == "agreement" and self.value > 1):
+            raise RiverError(f"calibration target {self.kind}={self.value} is out of range")
+
+    def met(self, m: dict) -> bool:
+        return {"kl": m["kl"] <= self.value, "agreement": m["agreement"] >= self.value,
+                "depth": m["depth"] <= self.value}[self.kind]
+
+
+@dataclass
+class Settings:
+    n_prompts: int = 16           # split into fit and test halves
+    decode_tokens: int = 32       # tokens per prompt whose exit signals and damage are recorded (the fit)
+    online_tokens: int = 256      # tokens per prompt of the online checks: the lengths users generate
+    batch: int = 8                # prompts decoded in lockstep (each exits on its own)
+    rule: str = "per-layer"       # per-layer quantile thresholds, or "single" tau
+    seed: int = 0
+    prompts: list[str] = field(default_factory=list)  # empty: the packaged calibration set
