@@ -68,3 +68,13 @@ def test_no_import_circles():
     graph = import_graph()
     assert "river_edge.calibration.rule" in graph and graph["river_edge.calibration.report"]  # the graph is real
     assert cycles(graph) == []
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists packages explicitly: a new folder left out would import here (editable) and be
+    missing from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {name for name, f in modules().items() if f.name == "__init__.py"}
+    assert found <= listed, sorted(found - listed)
