@@ -18,7 +18,7 @@ from river_edge.calibration import prompts as P, target as C
 from river_edge import defaults as D
 from river_edge import format as F
 from river_edge import zoo
-from river_edge.cli import main as M
+from river_edge.cli import build as CB, convert as CC
 from river_edge.cli.main import app
 from river_edge.format import RiverError
 from river_edge.gguf_tools.reader import open_gguf, value
@@ -98,12 +98,12 @@ def test_doctor(runner, tiny_llama):
 def test_cli_choices_follow_the_library():
     from river_edge.gguf_tools.convert import MODES
 
-    assert {m.value for m in M.ConvertTo} == set(MODES)
-    assert [m.value for m in M.RiverType] == list(F.RIVER_TYPES)
-    assert M.DEFAULT_KL == D.DEFAULT_TARGET.value and D.DEFAULT_TARGET.kind == "kl"
+    assert {m.value for m in CC.ConvertTo} == set(MODES)
+    assert [m.value for m in CB.RiverType] == list(F.RIVER_TYPES)
+    assert CB.DEFAULT_KL == D.DEFAULT_TARGET.value and D.DEFAULT_TARGET.kind == "kl"
     import inspect
 
-    for command in (M.build, M.calibrate):
+    for command in (CB.build, CB.calibrate):
         params = inspect.signature(command).parameters
         assert params["n_prompts"].default == C.Settings().n_prompts
         assert params["decode_tokens"].default == C.Settings().decode_tokens

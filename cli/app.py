@@ -1,0 +1,167 @@
+"""The `river` app and what every verb shares: errors as one line, the cache folder option, paths, the
+default model argument. Each verb lives in its own module (cli/main.py lists them).
+
+Errors: a RiverError (bad file, unsupported model, ...) prints `river: error: <message>` on stderr and
+exits 1; a bad option value is a usage error (exit 2, typer's usage message); Ctrl-C exits 130.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import math
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from river_edge import __version__, zoo
+from river_edge.format import RiverError
+
+app = typer.Typer(
+    name="river",
+    help="River-LLM early exit for llama.cpp: build, calibrate and inspect river GGUFs.\n\n"
+         "A river GGUF is a base GGUF plus a 4-bit twin of every decoder layer; a token that exits "
+         "the backbone early finishes on the river, which also fills the KV cache.",
+    epilog="Example: river build smollm2-135m -o smollm2.river.gguf   (then: river inspect smollm2.river.gguf)",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # a bug's traceback must not dump tensors
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+# -- plumbing ------------------------------------------------------------------------------------------
+
+def fail(message: str) -> None:
+    typer.echo(f"river: error: {' '.join(str(message).split())}", err=True)
+    raise typer.Exit(1)
+
+
+def guard(fn):
+    """RiverError and OS errors -> one line on stderr, exit 1; Ctrl-C -> exit 130, quietly."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RiverError as e:
+            fail(str(e))
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        except OSError as e:
+            if e.errno == errno.EPIPE:  # `river models | head`: typer's handler exits quietly
+                raise
+            fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}")
+    return run
+
+
+def command(*args, **kwargs):
+    """app.command() with the error guard."""
+    def deco(fn):
+        return app.command(*args, **kwargs)(guard(fn))
+    return deco
+
+
+@contextlib.contextmanager
+def in_cache(cache_dir: Optional[Path]):
+    """--cache-dir for the duration of a command (zoo reads RIVER_EDGE_CACHE)."""
+    if cache_dir is None:
+        yield
+        return
+    old = os.environ.get("RIVER_EDGE_CACHE")
+    os.environ["RIVER_EDGE_CACHE"] = str(cache_dir)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("RIVER_EDGE_CACHE", None)
+        else:
+            os.environ["RIVER_EDGE_CACHE"] = old
+
+
+def finite(value: Optional[float]) -> Optional[float]:
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
+def existing(name: str) -> str:
+    """A path as given; a prepared zoo model's name stands for its file (nothing is downloaded)."""
+    if not Path(name).expanduser().exists() and name in zoo.MODELS and zoo.is_prepared(name):
+        return str(zoo.model_path(name))
+    return name
+
+
+def same_path(a: Path, b: Path) -> bool:
+    a, b = Path(a).expanduser(), Path(b).expanduser()
+    try:
+        if a.exists() and b.exists() and os.path.samefile(a, b):
+            return True
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def jsonable(x):
+    """JSON without Infinity/NaN tokens (thresholds are +inf until calibrated): those become strings."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    return x
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+# -- shared options ------------------------------------------------------------------------------------
+
+CacheDir = Annotated[Optional[Path], typer.Option(
+    "--cache-dir", envvar="RIVER_EDGE_CACHE", show_default="~/.cache/river-edge",
+    help="Where offline models and the default river GGUF are kept.")]
+
+
+def _version(value: bool):
+    if value:
+        from river_edge.host import runtime
+
+        rt = runtime()
+        if rt["llama_cpp_python"] is None:
+            how = "no runtime (llama-cpp-python is not installed; run `make setup`)"
+        else:
+            how = f"llama-cpp-python {rt['llama_cpp_python']}, " + (
+                f"patched (build {rt['build']})" if rt["patched"] else "stock: river GGUFs need the patched build")
+        typer.echo(f"river-edge {__version__}; runtime {how}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print the version and exit.")] = False):
+    pass
+
+
+def model_path(model: Optional[str], bars) -> Path:
+    """MODEL as given (a GGUF, or a prepared zoo model's name); None: the default river GGUF (built once)."""
+    if model is None:
+        from river_edge.defaults import default_river
+
+        return default_river(bars)
+    path = Path(existing(model)).expanduser()
+    if not path.is_file():
+        raise RiverError(f"{model}: no such file" + (" (a folder)" if path.is_dir() else ""))
+    return path
+
+
+Mode = Enum("Mode", {m: m for m in ("exact", "gated", "river", "fast", "backbone")}, type=str)  # spec.MODES
+ModelArg = Annotated[Optional[str], typer.Argument(
+    metavar="MODEL", show_default=False,
+    help="A GGUF (river or plain), or a prepared model's name. Default: the SmolLM2-135M-Instruct river "
+         "GGUF, built once into the cache.")]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, show_default="llama.cpp's",
+                                                help="CPU threads.")]

@@ -1,0 +1,67 @@
+"""`river bench`: the laptop benchmark, or every mode timed fairly with --mode."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .app import CacheDir, command, in_cache
+from .progress import Bars
+
+
+@command(epilog="Examples: river bench   (the default SmolLM2-135M river GGUF)\n\n"
+                 "river bench qwen2.5-coder-0.5b --rounds 3 --out bench/results\n\n"
+                 "river bench model.river.gguf --quick")
+def bench(
+    model: Annotated[Optional[str], typer.Argument(
+        metavar="MODEL", show_default=False,
+        help="A river GGUF, or a model name from `river models` (its calibrated river GGUF is built once into "
+             "the cache). Default: the SmolLM2-135M-Instruct river GGUF.")] = None,
+    threads: Annotated[int, typer.Option("--threads", "-t", min=1, help="CPU threads (decode and prefill).")] = 2,
+    tokens: Annotated[Optional[int], typer.Option(
+        "--tokens", "-n", min=2, show_default="48 (64 with --mode); 12 with --quick", help="Greedy decode tokens per prompt.")] = None,
+    rounds: Annotated[Optional[int], typer.Option(
+        "--rounds", min=1, show_default="3; 1 with --quick",
+        help="Rounds; each runs every configuration on every prompt, alternating.")] = None,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="A smoke run: one prompt, one round, few tokens, no memory probes (numbers are noisy).")] = False,
+    mode: Annotated[Optional[str], typer.Option(
+        "--mode", "-m", show_default=False,
+        help="Benchmark decoding modes instead: a comma list of exact, gated, river, fast, backbone (and plain "
+             "q8_0, q4_0 files beside them), e.g. --mode exact,gated,river,fast,backbone,q4_0.")] = None,
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", file_okay=False, help="Folder for bench_<model>.json and .png.")] = Path("."),
+    cache_dir: CacheDir = None,
+):
+    """Decode and prefill speed of the backbone, the river and plain quantization, measured alternately in one run.
+
+    Configurations: backbone (river off), the backbone as a plain file, river at the calibrated thresholds, \
+all-river, plain Q8_0 and Q4_0 (written once next to the river GGUF), and a forced-exit sweep drawn against \
+the ideal line. Prints a table with ratios to the backbone, mean backbone depth, the share of the step \
+spent deciding exits and peak memory; writes the table as JSON and a PNG.
+    """
+    from river_edge import bench as B
+    from river_edge import bench_modes as M
+
+    modes = M.parse_modes(mode) if mode is not None else None
+    kw = dict(M.QUICK if modes else B.QUICK) if quick else {}
+    if tokens is not None:
+        kw["tokens"] = tokens
+    if rounds is not None:
+        kw["rounds"] = rounds
+    with in_cache(cache_dir):
+        with Bars() as bars:
+            path = B.resolve_river(model, bars)
+            res = M.run(path, modes, threads=threads, progress=bars, **kw) if modes else \
+                B.run(path, threads=threads, progress=bars, **kw)
+    if modes:
+        typer.echo(M.format_table(res))
+        j, png = B.write(res, out, f"bench_modes_{res['model']}", M.figure)
+    else:
+        typer.echo(B.format_table(res))
+        j, png = B.write(res, out, f"bench_{res['model']}")
+    typer.echo(f"\nwrote {j}\nwrote {png}")
+
+
+# -- eval ----------------------------------------------------------------------------------------------

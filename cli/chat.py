@@ -1,0 +1,78 @@
+"""`river chat`: a local chat loop in any mode, with exit depths shown per token if asked."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .app import CacheDir, Mode, ModelArg, Threads, command, fail, finite, in_cache, model_path
+from .progress import Bars
+
+
+@command(epilog="Examples: river chat\n\nriver chat model.river.gguf --tau 0.95 --color-depth\n\n"
+                 "river chat --prompt 'What is 7 times 8?'   (one answer, then exit)\n\n"
+                 "printf 'hi\\n/stats\\n' | river chat")
+def chat(
+    model: ModelArg = None,
+    tau: Annotated[Optional[float], typer.Option(
+        "--tau", min=0.0, max=1.0, callback=finite,
+        help="One exit threshold for every layer, over the GGUF's calibrated ones.")] = None,
+    no_river: Annotated[bool, typer.Option("--no-river", help="Run the backbone alone (no early exit).")] = False,
+    mode: Annotated[Optional[Mode], typer.Option(
+        "--mode", case_sensitive=False, show_default="river (backbone for a GGUF without a river)",
+        help="Decoding mode: exact (river drafts, backbone verifies: the backbone's output), gated "
+             "(backbone where the river is unsure), river (the exit rule), fast (all river), backbone.")] = None,
+    gate: Annotated[Optional[float], typer.Option(
+        "--gate", min=0.0, callback=finite, show_default="the GGUF's river.gate_entropy",
+        help="Gated mode: re-decode on the backbone where the river's output entropy (nats) is at least this.")] = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
+    prompt: Annotated[Optional[str], typer.Option(
+        "--prompt", "-p", help="Answer this one message and exit (scripts, `make demo`).")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens per answer.")] = 512,
+    threads: Threads = None,
+    color_depth: Annotated[bool, typer.Option(
+        "--color-depth", help="Colour each token by the backbone depth of the step that made it (legend shown).")] = False,
+    temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy).")] = 0.2,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    ctx: Annotated[int, typer.Option("--ctx", min=64, help="Context length in tokens.")] = 4096,
+    cache_dir: CacheDir = None,
+):
+    """Chat with a GGUF in the terminal, with its own chat template, streaming the answer.
+
+    After each answer: tokens, decode tok/s and the mean backbone depth (layers of the backbone a token \
+ran before exiting to the river). In the chat: /reset clears the history, /stats shows the session's \
+numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as from a terminal.
+    """
+    import sys
+
+    from river_edge.chat import Chat, legend, load, terminal_lines
+
+    if tau is not None and no_river:
+        raise typer.BadParameter("--tau has no effect with --no-river", param_hint="'--tau'")
+    if mode is not None and no_river:
+        raise typer.BadParameter("give --mode or --no-river, not both", param_hint="'--mode'")
+    if gate is not None and (mode is None or mode.value != "gated"):
+        raise typer.BadParameter("--gate needs --mode gated", param_hint="'--gate'")
+    with in_cache(cache_dir):
+        with Bars() as bars:
+            path = model_path(model, bars)
+    llm = load(path, tau=tau, river=not no_river, threads=threads, n_ctx=ctx, seed=seed,
+               mode=mode.value if mode is not None else None, **({"gate": gate} if gate is not None else {}))
+    if tau is not None and not llm.has_river:
+        fail(f"{path}: --tau needs a river GGUF (this one has no river)")
+    session = Chat(llm, out=sys.stdout, system=system, max_tokens=max_tokens, color=color_depth,
+                   temperature=temp, seed=seed)
+    try:
+        if prompt is not None:
+            if color_depth:
+                typer.echo(legend(), err=True)
+            session.once(prompt)
+            return
+        interactive = sys.stdin.isatty()
+        lines = terminal_lines() if interactive else sys.stdin
+        session.run(lines, interactive=interactive, err=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C: a clean exit, like EOF
+        typer.echo("")
+
+
+# -- bench ---------------------------------------------------------------------------------------------

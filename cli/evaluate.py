@@ -1,0 +1,70 @@
+"""`river eval`: task accuracy (GSM8K, MATH, HumanEval) of each configuration."""
+from __future__ import annotations
+
+from enum import Enum
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from river_edge.format import RiverError
+from enum import Enum
+
+from .app import CacheDir, ModelArg, Threads, command, in_cache, jsonable, model_path
+from .progress import Bars
+
+
+Task = Enum("Task", {t: t for t in ("gsm8k", "math", "humaneval")}, type=str)  # evaluate.TASKS
+
+
+@command("eval", epilog="Examples: river eval --task gsm8k --limit 20\n\n"
+                         "river eval model.river.gguf --task humaneval --configs backbone,river,exact,q4_0,q8_0")
+def eval_(
+    model: ModelArg = None,
+    task: Annotated[Task, typer.Option("--task", case_sensitive=False, show_default=False,
+                                       help="gsm8k (test_dev), math (MATH-500 dev) or humaneval.")] = ...,
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", min=1, show_default="all; humaneval: 80 (problems 0-79)", help="The first N problems.")] = None,
+    configs: Annotated[Optional[str], typer.Option(
+        "--configs", show_default="backbone,river,q4_0",
+        help="Comma list: backbone, river (the GGUF's thresholds), tau=X, exact, gated, fast, or a plain "
+             "quantization type (q4_0, q8_0, ...; of the backbone, cached).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        "--max-tokens", "-n", min=1, show_default="gsm8k 384, math 768, humaneval 512",
+        help="Most tokens per answer.")] = None,
+    threads: Threads = None,
+    data_dir: Annotated[Optional[Path], typer.Option(
+        "--data-dir", envvar="RIVER_EDGE_DATA", show_default="../shared/data beside the repository",
+        help="Folder with gsm8k/test_dev.jsonl and math500/dev.jsonl.")] = None,
+    results: Annotated[Optional[Path], typer.Option(
+        "--results", show_default="river-eval/<model>.<task>.jsonl",
+        help="Per-problem results (JSON lines, appended: a rerun skips finished problems); the summary goes "
+             "beside it as .json.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start over: discard earlier results in that file.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.5, help="HumanEval: seconds per program.")] = 10.0,
+    cache_dir: CacheDir = None,
+):
+    """Task accuracy of the backbone, the river and plain quantization, greedy, side by side.
+
+    Every problem is answered by each configuration in turn (fixed prompts through the GGUF's chat \
+template), so decode speeds are measured in the same run. Prints accuracy, decode tok/s (and its ratio \
+to the backbone) and mean backbone depth; writes the per-problem JSON lines and a summary JSON.
+    """
+    from river_edge import evaluate as E
+
+    cfgs = [c for c in configs.split(",")] if configs else None
+    if cfgs is not None:
+        try:
+            E.check_configs(cfgs, has_river=True)  # the names; whether the model has a river comes later
+        except RiverError as e:
+            raise typer.BadParameter(str(e), param_hint="'--configs'") from None
+    with in_cache(cache_dir):
+        with Bars() as bars:
+            path = model_path(model, bars)
+            summary = E.run(path, task.value, limit=limit, configs=cfgs, max_tokens=max_tokens, threads=threads,
+                            data=data_dir, results=results, fresh=fresh, timeout=timeout, progress=bars)
+    out = Path(summary["results"]).with_suffix(".json")
+    out.write_text(json.dumps(jsonable(summary), indent=1) + "\n")
+    typer.echo(E.format_table(summary))
+    typer.echo(f"\nresults {summary['results']}\nsummary {out}")

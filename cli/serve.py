@@ -1,0 +1,38 @@
+"""`river serve`: llama-cpp-python's OpenAI-compatible server over a river GGUF, every mode per request."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .app import CacheDir, Mode, ModelArg, Threads, command, in_cache, model_path
+from .progress import Bars
+
+
+@command(epilog="Examples: river serve --port 8000   (then any OpenAI client: base_url http://127.0.0.1:8000/v1, "
+                 "model 'smollm2-135m.river:exact')\n\nriver serve model.river.gguf --mode gated --name mymodel")
+def serve(
+    model: ModelArg = None,
+    mode: Annotated[Optional[Mode], typer.Option(
+        "--mode", case_sensitive=False, show_default="exact (backbone for a GGUF without a river)",
+        help="Mode of requests whose model names none; a request picks one with model NAME:MODE.")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,
+    name: Annotated[Optional[str], typer.Option("--name", show_default="the file's name without .gguf",
+                                                help="Model name clients use.")] = None,
+    threads: Threads = None,
+    ctx: Annotated[int, typer.Option("--ctx", min=64, help="Context length in tokens.")] = 4096,
+    cache_dir: CacheDir = None,
+):
+    """OpenAI-compatible server (llama-cpp-python's own app) over a river GGUF, every mode per request.
+
+    /v1/models lists NAME (the --mode) and NAME:exact, NAME:gated, NAME:river, NAME:fast, NAME:backbone; \
+/v1/completions and /v1/chat/completions (streaming too) take any of them. Requests run one at a time.
+    """
+    from river_edge.serve import serve as run
+
+    with in_cache(cache_dir):
+        with Bars() as bars:
+            path = model_path(model, bars)
+    run(path, host=host, port=port, name=name, mode=mode.value if mode is not None else None, n_ctx=ctx,
+        threads=threads, say=lambda msg: typer.echo(msg, err=True))
