@@ -27,6 +27,7 @@ KEY_GATE = "river.gate_entropy"        # gated mode: fall back to the backbone a
 KEY_GATE_SUMMARY = "river.gate_summary"
 
 DEFAULT_MIN_EXIT_LAYER = 1
+EXIT_RULE = -2  # llama_river_set_forced_exit: no forced exit, the rule decides (LLAMA_RIVER_EXIT_RULE)
 
 # Optional low-bit copy of the LM head; the runtime uses it only when every layer is river (drafting, `fast`).
 RIVER_HEAD = "river.output.weight"

@@ -161,7 +161,7 @@ def _batch_context(llm, n_seq: int, n_ctx: int, n_batch: int):
     import llama_cpp
     from llama_cpp._internals import LlamaContext
 
-    from .runtime import EXIT_RULE
+    from .format import EXIT_RULE
     from .tokenizer import quiet_llama_logs
 
     p = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)

@@ -17,7 +17,6 @@ import numpy as np
 from . import format as F
 from .format import RiverError
 
-EXIT_RULE = -2  # forced exit "none": the rule decides
 
 _c = ctypes
 _API = {
@@ -269,7 +268,7 @@ class RiverLlama(llama_cpp.Llama):
         """None: the rule decides; -1: all river; e: backbone 0..e, river after; n_layer-1: backbone."""
         lib, ctx = self._need_river()
         e = int(lib.llama_river_get_forced_exit(ctx))
-        return None if e == EXIT_RULE else e
+        return None if e == F.EXIT_RULE else e
 
     @forced_exit.setter
     def forced_exit(self, e: int | None) -> None:
@@ -282,7 +281,7 @@ class RiverLlama(llama_cpp.Llama):
         drops cells written under another exit instead."""
         lib, ctx = self._need_river()
         e = F.check_forced_exit(e, self.n_layer)
-        if lib.llama_river_set_forced_exit(ctx, EXIT_RULE if e is None else e) != 0:
+        if lib.llama_river_set_forced_exit(ctx, F.EXIT_RULE if e is None else e) != 0:
             raise RiverError(f"llama.cpp refused forced exit layer {e}")
 
     @property

@@ -1,0 +1,34 @@
+"""The river format is declared once for Python (river_edge/format.py); the C++ side (patches/) must name the
+same keys, tensors and constants. Every river.* name and LLAMA_RIVER_* value in the series is checked here."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from river_edge import format as F
+
+PATCHES = Path(__file__).resolve().parent.parent / "patches"
+
+
+def added_lines() -> str:
+    return "\n".join(line[1:] for p in sorted(PATCHES.glob("*.patch"))
+                     for line in p.read_text().splitlines() if line.startswith("+") and not line.startswith("+++"))
+
+
+def test_every_river_name_in_the_series_is_declared_in_python():
+    keys = {v for k, v in vars(F).items() if k.startswith("KEY_")}
+    tensors = {F.river_tensor(0, w).replace(".0.", ".%d.").removesuffix(".weight") for w in F.LAYER_WEIGHTS}
+    head = F.RIVER_HEAD.removesuffix(".weight")   # llama.cpp's tensor names drop the ".weight" suffix
+    names = set(re.findall(r'"(river\.[a-z0-9_.%]+)"', added_lines()))
+    assert names, "no river names found in the series"
+    unknown = {n for n in names if n not in keys | tensors | {head}}
+    assert not unknown, unknown
+    # and the loader knows every river tensor of a layer, and the keys it must read
+    assert tensors | {head} <= names
+    assert {F.KEY_VERSION, F.KEY_THRESHOLDS, F.KEY_MIN_EXIT} <= names
+
+
+def test_constants_agree():
+    defines = dict(re.findall(r"#define\s+LLAMA_RIVER_(\w+)\s+(-?\d+)", added_lines()))
+    assert int(defines["FORMAT_VERSION"]) == F.FORMAT_VERSION
+    assert int(defines["EXIT_RULE"]) == F.EXIT_RULE
