@@ -49,6 +49,7 @@ def test_report_rewrites_only_the_marked_section(tmp_path):
     body = readme.read_text()
     assert "old" not in body and body.endswith(f"{R.END}\n\n## Tests\nkept\n") and text in body
     assert "| river | 0.0500 | 0.900 |" in body
+    assert "](results/pareto_" in body and "](bench/results/" not in body   # plots linked from the page's folder
     assert (out / f"pareto_{R.SMOL}.png").stat().st_size > 1000 and (out / f"depth_{R.SMOL}.png").is_file()
     readme.write_text("no markers")
     with pytest.raises(SystemExit, match="no results markers"):
