@@ -155,7 +155,8 @@ def _calibration(c: dict, model: str) -> list[str]:
             ("all-river", t["all_river"]), ("backbone", t["backbone"])]
     med = c["spearman_median"]
     out = [f"**Calibration, {model}** (target mean KL <= {c['target']['value']}, {c['n_fit_prompts']} prompts "
-           f"to fit, {c['n_test_prompts']} unseen; clean cache):", "",
+           f"to fit, {c['n_test_prompts']} unseen; online over {t['rule'].get('tokens_per_prompt', 32)} generated tokens "
+           f"per prompt, each policy writing its own K/V):", "",
            f"| policy (unseen prompts) | backbone layers per token (of {int(L)}) | mean KL | top-1 agreement |",
            "|---|---|---|---|"]
     out += [f"| {n} | {m['depth']:.2f} | {m['kl']:.4f} | {m['agreement']:.3f} |" for n, m in rows]
@@ -251,10 +252,12 @@ def _why(q: dict, cal: dict | None, modes: dict | None, lr: dict | None, rt: dic
                    f"where plain Q4_0 costs {c['q4_0']['kl']:.4f}: the river is a second rounding of weights that "
                    "are already an upcast of the shipped quantization.")
     if cal and "fast" in c:
-        ar = cal["test"]["all_river"]["kl"]
-        out.append(f"- KV pollution: with a clean cache (calibration: the river reads backbone-written K/V) all-river "
-                   f"costs KL {ar:.4f} on the calibration prompts; online, its own K/V feeding later tokens, "
-                   f"{c['fast']['kl']:.4f} on the held-out text.")
+        ar, clean = cal["test"]["all_river"], cal.get("gate", {}).get("test_all_river")
+        out.append("- KV pollution: all-river costs KL " +
+                   (f"{clean['kl']:.4f} with a clean cache (the river reading backbone-written K/V), " if clean else "") +
+                   f"{ar['kl']:.4f} online over {ar.get('tokens_per_prompt', 32)} tokens of the model's own text "
+                   f"(its K/V feeding later tokens, calibration's unseen prompts), and {c['fast']['kl']:.4f} online on "
+                   "held-out text the model did not write.")
     if lr and "river" in lr["long"]["modes"]:
         d = lr["long"]["modes"]["river"]
         out.append(f"- Along a {lr['long']['n_tokens']}-token generation the rule's KL goes from "

@@ -119,7 +119,8 @@ def gate_target(target: Target) -> Target:
 
 
 def compact(summary: dict) -> dict:
-    return {k: summary[k] for k in ("target", "gate_entropy", "test", "test_online", "target_met_online")}
+    return {k: summary[k] for k in ("target", "gate_entropy", "test", "test_online", "target_met_online",
+                                    "test_all_river")}
 
 
 def _scaled(target: Target, inflation: float) -> Target:
