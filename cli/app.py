@@ -165,3 +165,15 @@ ModelArg = Annotated[Optional[str], typer.Argument(
          "GGUF, built once into the cache.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, show_default="llama.cpp's",
                                                 help="CPU threads.")]
+
+
+def base_for(model: str, output: Path, bars) -> Path:
+    """The base GGUF of MODEL (a path, or a zoo name prepared on first use); never the output's own file."""
+    from river_edge.defaults import resolve_base
+
+    if same_path(Path(model), output):   # before anything is downloaded
+        fail(f"{output}: the output would overwrite the input; choose another path")
+    src = resolve_base(model, bars)
+    if same_path(src, output):
+        fail(f"{output}: the output would overwrite the input; choose another path")
+    return src

@@ -9,7 +9,7 @@ import typer
 
 from river_edge import format as F
 
-from .app import CacheDir, command, fail, finite, in_cache, same_path
+from .app import CacheDir, base_for, command, fail, finite, in_cache, same_path
 from .progress import Bars
 
 
@@ -136,15 +136,11 @@ The input is never modified.
         raise typer.BadParameter("calibration options make no sense with --no-calibrate",
                                  param_hint="'--no-calibrate'")
     settings = None if no_calibrate else settings_of(prompts, n_prompts, decode_tokens, online_tokens, rule)
-    from river_edge.defaults import build_calibrated_river, resolve_base
+    from river_edge.defaults import build_calibrated_river
 
     with in_cache(cache_dir):
-        if same_path(Path(model), output):
-            fail(f"{output}: the output would overwrite the input; choose another path")
         with Bars() as bars:
-            src = resolve_base(model, bars)
-            if same_path(src, output):
-                fail(f"{output}: the output would overwrite the input; choose another path")
+            src = base_for(model, output, bars)
             summary = build_calibrated_river(src, output, backbone=backbone.value, river=river.value,
                                              layer_types=types, imatrix=imatrix, head=head.value, target=target,
                                              settings=settings, progress=bars)

@@ -9,7 +9,7 @@ import typer
 
 from river_edge import format as F
 
-from .app import CacheDir, command, fail, in_cache, same_path
+from .app import CacheDir, base_for, command, in_cache
 from .progress import Bars
 
 
@@ -30,15 +30,10 @@ def convert(
     cache_dir: CacheDir = None,
 ):
     """Write a plain GGUF that stock llama.cpp loads: the baselines River is compared with."""
-    from river_edge.defaults import resolve_base
     from river_edge.gguf_tools.convert import plain
 
     with in_cache(cache_dir):
-        if same_path(Path(model), output):
-            fail(f"{output}: the output would overwrite the input; choose another path")
         with Bars() as bars:
-            src = resolve_base(model, bars)
-            if same_path(src, output):
-                fail(f"{output}: the output would overwrite the input; choose another path")
+            src = base_for(model, output, bars)
             plain(src, output, to.value, bars.tensors(f"writing {to.value}"))
     typer.echo(f"wrote {output}")

@@ -1,15 +1,14 @@
 """`river eval`: task accuracy (GSM8K, MATH, HumanEval) of each configuration."""
 from __future__ import annotations
 
-from enum import Enum
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from river_edge.format import RiverError
-from enum import Enum
 
 from .app import CacheDir, ModelArg, Threads, command, in_cache, jsonable, model_path
 from .progress import Bars

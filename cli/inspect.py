@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Annotated
 
 import typer
-
-import json
 
 from .app import command, existing, jsonable
 

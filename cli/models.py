@@ -1,12 +1,11 @@
 """`river models`: the offline models (from the package index), listed or prepared into the cache."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-
-import json
 
 from river_edge import zoo
 
