@@ -28,8 +28,9 @@ def bench(
         "--quick", help="A smoke run: one prompt, one round, few tokens, no memory probes (numbers are noisy).")] = False,
     mode: Annotated[Optional[str], typer.Option(
         "--mode", "-m", show_default=False,
-        help="Benchmark decoding modes instead: a comma list of exact, gated, river, fast, backbone (and plain "
-             "q8_0, q4_0 files beside them), e.g. --mode exact,gated,river,fast,backbone,q4_0.")] = None,
+        help="Benchmark decoding modes instead: a comma list of exact, gated, river, fast, backbone, plain "
+             "q8_0, q4_0 (written beside the river GGUF) and shipped (the file the river was built from, for "
+             "the offline models), e.g. --mode exact,backbone,shipped,q8_0.")] = None,
     out: Annotated[Path, typer.Option(
         "--out", "-o", file_okay=False, help="Folder for bench_<model>.json and .png.")] = Path("."),
     cache_dir: CacheDir = None,

@@ -152,8 +152,9 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
 
 
 def prepare_files(river_path: Path, progress: Progress | None = None,
-                  plain: Sequence[str] = ("q8_0", "q4_0")) -> tuple[dict[str, Path], dict]:
-    """The files of every configuration, plain ones written once next to the river GGUF; and notes."""
+                  plain: Sequence[str] = ("q8_0", "q4_0"), shipped: bool = False) -> tuple[dict[str, Path], dict]:
+    """The files of every configuration, plain ones written once next to the river GGUF; and notes. With
+    `shipped`, also the file the river was built from (the one a user already has), when it is in the cache."""
     from .gguf_tools.inspect import inspect_gguf
 
     say = progress or _quiet
@@ -169,6 +170,8 @@ def prepare_files(river_path: Path, progress: Progress | None = None,
     quant_src = base or river_path  # without the base file, plain() re-quantizes the river GGUF's backbone
     for q in plain:
         files[q] = _derive(quant_src, folder / f"{stem}.{q}.gguf", q, say)
+    if shipped and base is not None:
+        files["shipped"] = base   # the file the user already has: the river's source, as it was downloaded
     notes = {
         "source_model": source,
         "source_file": str(base) if base else None,

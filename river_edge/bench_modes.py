@@ -20,7 +20,7 @@ from . import bench as B
 from .format import RiverError
 from .spec import MODES
 
-PLAIN = ("q8_0", "q4_0")
+PLAIN = ("q8_0", "q4_0", "shipped")  # stock files: plain quantizations, and the source file itself
 DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4)
 QUICK = dict(tokens=12, rounds=1, n_prompts=1)
 
@@ -73,7 +73,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     if tokens < 2 or rounds < 1 or threads < 1:
         raise RiverError("tokens must be at least 2, rounds and threads at least 1")
     river_path = Path(river_path)
-    files, notes = B.prepare_files(river_path, say)
+    files, notes = B.prepare_files(river_path, say, shipped="shipped" in modes)
     cfgs = ["backbone"] + [m for m in modes if m != "backbone"]
     texts = list(prompts) if prompts else B.packaged_prompts(n_prompts)
     chats = [Tokenizer(river_path).chat(t) for t in texts]
@@ -87,6 +87,9 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     llm = load(files["river"])
     if not llm.has_river:
         raise RiverError(f"{river_path}: the runtime sees no river in it (is the patched llama-cpp-python installed?)")
+    if "shipped" in cfgs and "shipped" not in files:
+        raise RiverError("shipped: the file this river GGUF was built from is not in the model cache (found only "
+                         "for the offline models: `river models prepare NAME`)")
     plain = {q: load(files[q]) for q in cfgs if q in PLAIN}
 
     def decode(c, p):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -131,6 +132,23 @@ def test_modes_bench_end_to_end(river_copy, tmp_path):
     for c in cs.values():
         assert c["tok_s_median"] > 0 and 0 <= c["common_prefix_mean"] <= 6
     assert "q4_0" in M.format_table(res)
+
+
+def test_modes_bench_shipped_file(river_copy, tiny_llama_base, monkeypatch):
+    """`shipped` times the file the river was built from, run by stock code; a river whose source file is
+    not in the cache gets one clear error."""
+    from river_edge import bench_modes as M
+
+    with pytest.raises(RiverError, match="shipped: the file this river GGUF was built from"):
+        M.run(river_copy, M.parse_modes("shipped"), threads=1, tokens=3, rounds=1, prompts=SHORT[:1])
+    monkeypatch.setattr(B, "_source_model", lambda info: "smollm2-135m")
+    monkeypatch.setattr(B.zoo, "is_prepared", lambda name: name == "smollm2-135m")
+    monkeypatch.setattr(B.zoo, "model_path", lambda name: Path(tiny_llama_base))
+    res = M.run(river_copy, M.parse_modes("shipped,exact"), threads=1, tokens=4, rounds=1, prompts=SHORT[:1])
+    assert list(res["configs"]) == ["backbone", "shipped", "exact"]
+    assert res["files"]["shipped"] == str(tiny_llama_base)
+    assert res["configs"]["shipped"]["file_mib"] == pytest.approx(Path(tiny_llama_base).stat().st_size / 2**20)
+    assert res["configs"]["shipped"]["tok_s_median"] > 0 and "shipped" in M.format_table(res)
 
 
 def test_modes_bench_cli(river_copy, runner, tmp_path):
