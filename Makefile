@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.river-edge-deps
 
-.PHONY: setup runtime build-cuda test test-all demo results clean
+.PHONY: setup runtime build-cuda build-vulkan test test-all test-vulkan demo results clean
 
 setup: runtime $(STAMP)
 
@@ -27,7 +27,26 @@ runtime: $(VENV)/.torch
 # installs it.
 CUDA_ARCH ?= 90
 build-cuda: $(VENV)/.torch
-	$(PY) patches/build.py --no-install --cmake-args "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH)"
+	$(PY) patches/build.py --no-install --cmake-args="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH)"
+
+# ggml's Vulkan backend as a second runtime in its own environment (.venv-vulkan), the CPU one untouched.
+# On a machine without a GPU, Mesa's lavapipe (a Vulkan driver running on the CPU) provides the device.
+VK     := .venv-vulkan
+VKPY   := $(VK)/bin/python
+VULKAN_DEBS := libvulkan-dev glslc spirv-headers mesa-vulkan-drivers
+build-vulkan:
+	@command -v glslc >/dev/null && [ -e /usr/include/vulkan/vulkan.h ] && [ -d /usr/include/spirv ] || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq $(VULKAN_DEBS); } || \
+	  { echo "install $(VULKAN_DEBS) (Debian/Ubuntu names) first"; exit 1; }
+	[ -x $(VKPY) ] || $(PYTHON) -m venv $(VK)
+	$(VKPY) -m pip install -q torch==2.13.0
+	$(VKPY) patches/build.py --python $(VKPY) --cmake-args="-DGGML_VULKAN=ON"
+	$(VKPY) -m pip install -q -e '.[test]'
+
+# The runtime's invariants on the Vulkan device: all layers offloaded, and half (graph split with the CPU)
+test-vulkan: build-vulkan
+	# ggml-vulkan skips CPU-type devices unless named: lavapipe is one
+	GGML_VK_VISIBLE_DEVICES=$${GGML_VK_VISIBLE_DEVICES:-0} RIVER_TEST_DEVICE=vulkan $(VKPY) -m pytest -q tests/test_device.py
 
 $(STAMP): pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e '.[test]'

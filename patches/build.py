@@ -43,14 +43,20 @@ def portable() -> bool:
     return sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64")
 
 
-def series() -> list[tuple[Path, str]]:
+def series(extra_cmake: list[str] = ()) -> list[tuple[Path, str]]:
     """(patch, where) in the order named by patches/series: one file name per line, then `root` for a patch
-    to llama-cpp-python itself (applied at the sdist's root), else it patches the vendored llama.cpp."""
+    to llama-cpp-python itself (applied at the sdist's root), else it patches the vendored llama.cpp; and
+    `if=GGML_X` for a patch that only builds with that backend on (-DGGML_X=ON among the CMake flags)."""
     out = []
     for line in (HERE / "series").read_text().splitlines():
         words = line.split("#", 1)[0].split()
-        if words:
-            out.append((HERE / words[0], words[1] if len(words) > 1 else "vendor/llama.cpp"))
+        if not words:
+            continue
+        cond = [w[3:] for w in words[1:] if w.startswith("if=")]
+        if cond and f"-D{cond[0]}=ON" not in extra_cmake:
+            continue
+        where = [w for w in words[1:] if not w.startswith("if=")]
+        out.append((HERE / words[0], where[0] if where else "vendor/llama.cpp"))
     return out
 
 
@@ -86,7 +92,7 @@ def series_hash(extra_cmake: list[str]) -> str:
     h = hashlib.sha256()
     h.update(f"{VERSION}\n{sys.version_info[:2]}\n{cpu_tag()}\n{compilers()}\n".encode())
     h.update(" ".join(CMAKE_ARGS + (PORTABLE if portable() else []) + extra_cmake).encode())
-    for p, where in series():
+    for p, where in series(extra_cmake):
         h.update(p.name.encode() + b"\0" + where.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]
 
@@ -112,12 +118,12 @@ def sdist(python: str) -> Path:
     return found[0]
 
 
-def prepare_tree(python: str, dest: Path) -> Path:
+def prepare_tree(python: str, dest: Path, extra_cmake: list[str] = ()) -> Path:
     """Unpack the sdist into dest and apply the series to its vendored llama.cpp."""
     with tarfile.open(sdist(python)) as tf:
         tf.extractall(dest, filter="data")
     root = dest / f"llama_cpp_python-{VERSION}"
-    for p, where in series():
+    for p, where in series(extra_cmake):
         run(["patch", "-p1", "--forward", "--batch", "-d", str(root if where == "root" else root / where), "-i", str(p)])
     return root
 
@@ -172,7 +178,7 @@ def main() -> int:
     extra = args.cmake_args.split()
 
     if args.source_only:
-        print(prepare_tree(args.python, Path(args.source_only)))
+        print(prepare_tree(args.python, Path(args.source_only), extra))
         return 0
 
     asked = " ".join(extra)
@@ -185,7 +191,7 @@ def main() -> int:
     if args.force or not any(wheels.glob("*.whl")):
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="river-build-") as tmp:
-            root = prepare_tree(args.python, Path(tmp))
+            root = prepare_tree(args.python, Path(tmp), extra)
             (root / "llama_cpp" / "RIVER_BUILD").write_text(tag + "\n")
             # The marker file must ship in the wheel: scikit-build-core packages llama_cpp/ whole.
             env = dict(os.environ, CMAKE_ARGS=" ".join(CMAKE_ARGS + (PORTABLE if portable() else []) + extra),
