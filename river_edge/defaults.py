@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -125,8 +124,7 @@ def _usable(path: Path, model: str = zoo.DEFAULT_MODEL) -> bool:
         settings = json.loads(info["fit_summary"] or "{}").get("settings")
     except ValueError:
         settings = None
-    today = {k: v for k, v in asdict(Settings()).items() if k != "prompts"}
-    return (info["river"] and not info["problems"] and bool(info["calibrated"]) and settings == today
+    return (info["river"] and not info["problems"] and bool(info["calibrated"]) and settings == Settings().recorded()
             and info["source_sha256"] == zoo.MODELS[model].sha256)
 
 

@@ -33,11 +33,12 @@ def device():
 
 # Half offload (the graph split between the device and the CPU) is not run: on lavapipe, river off then
 # differs from the stock model and a forced exit crashes in ggml (README, Backends). All layers offloaded:
-@pytest.fixture(scope="module", params=[(a, "all") for a in ("llama", "qwen2")], ids=lambda p: f"{p[0]}-{p[1]}")
+ALL = -1   # n_gpu_layers: every layer on the device
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
 def case(request, tiny_llama, tiny_qwen2):
-    path = tiny_llama if request.param[0] == "llama" else tiny_qwen2
-    n_layer = 4
-    return path, (-1 if request.param[1] == "all" else n_layer // 2)
+    return (tiny_llama if request.param == "llama" else tiny_qwen2), ALL
 
 
 def river(path, gpu, **kw):
@@ -81,7 +82,7 @@ def test_forced_exit_is_the_swapped_stock_model(case, tmp_path):
     from gguf_edit import swapped
 
     path, gpu = case
-    L = 4
+    L = river(path, gpu).n_layer
     for e in (-1, 0, L // 2, L - 2):
         m = river(path, gpu, forced_exit=e)
         got = greedy(m)[1]

@@ -15,7 +15,7 @@ import torch
 
 from ..format import RiverError
 from ..reference import Policy
-from .record import clean_exits, decode_backbone, entropy, kl_div
+from .record import clean_exits, decode_batches, entropy, kl_div
 from .rule import spearman
 from .target import Settings, Target
 
@@ -24,15 +24,9 @@ def record_gate(model, prompts: list[list[int]], s: Settings) -> tuple[dict[str,
     """Clean per-token figures of all-river over the first decode_tokens, and the backbone's reference
     (prompt, tokens, log-probs) over online_tokens for the online check."""
     parts = {k: [] for k in ("kl", "agree", "entropy", "margin")}
-    ref, T = {}, s.decode_tokens
+    ref = {}
     with torch.no_grad():
-        for b0 in range(0, len(prompts), s.batch):
-            batch = prompts[b0:b0 + s.batch]
-            caches, toks, hid, logits, pos = decode_backbone(model, batch, max(T, s.online_tokens))
-            logp = torch.log_softmax(logits, -1)
-            for i, p in enumerate(batch):
-                ref[b0 + i] = (p, [t[i] for t in toks], logp[i])
-            hid, logits, pos, logp = hid[:, :, :T], logits[:, :T], pos[:, :T], logp[:, :T]
+        for _, _, caches, hid, logits, pos, logp in decode_batches(model, prompts, s, ref):
             (_, lg), = list(clean_exits(model, caches, hid, pos, [-1]))
             top2 = torch.softmax(lg, -1).topk(2, -1).values
             parts["kl"].append(kl_div(logp, lg).flatten())
@@ -164,10 +158,9 @@ def gate_line(g: dict) -> str:
     if o is not None:
         kind, want = tg["kind"], tg["value"]
         got = o["kl"] if kind == "kl" else o["agreement"]
-        met = got <= want if kind == "kl" else got >= want
         s += (f" On unseen prompts, online over {o['tokens_per_prompt']} tokens: fallback {o['fallback_rate']:.2f}, "
               f"KL {o['kl']:.4f}, top-1 {o['agreement']:.3f} (target {kind} {'<=' if kind == 'kl' else '>='} {want:g} "
-              + ("met)." if met else f"not met: {abs(got - want):.2g} off).")
+              + ("met)." if g["target_met_online"] else f"not met: {abs(got - want):.2g} off).")
               + " Clean (the river reading the backbone's K/V):")
     else:
         s += " On unseen prompts, clean (the river reading the backbone's K/V):"

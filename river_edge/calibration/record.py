@@ -90,17 +90,26 @@ def massive_dims(hid: torch.Tensor, k: int = 4, ratio: float = 20.0) -> list[int
     return sorted(int(i) for v, i in zip(top.values, top.indices) if v > ratio)
 
 
+def decode_batches(model: RiverModel, prompts: list[list[int]], s: Settings, ref: dict):
+    """The backbone decoding the prompts greedily, s.batch at a time, as far as the online checks go
+    (online_tokens); ref[i] = (prompt, tokens, log-probs) over all of them, and per batch (b0, batch,
+    caches, hid, logits, pos, logp) cut to the first decode_tokens, the tokens whose signals are recorded."""
+    T = s.decode_tokens
+    for b0 in range(0, len(prompts), s.batch):
+        batch = prompts[b0:b0 + s.batch]
+        caches, toks, hid, logits, pos = decode_backbone(model, batch, max(T, s.online_tokens))
+        logp = torch.log_softmax(logits, -1)                       # [B, n, V]
+        for i, p in enumerate(batch):
+            ref[b0 + i] = (p, [t[i] for t in toks], logp[i])
+        yield b0, batch, caches, hid[:, :, :T], logits[:, :T], pos[:, :T], logp[:, :T]
+
+
 def record(model: RiverModel, prompts: list[list[int]], s: Settings, tick: Callable[[int], None] = lambda n: None,
            massive: list[int] | None = None) -> tuple[Trace, dict]:
     L = model.args.n_layer
     parts, ref = [], {}
-    for b0 in range(0, len(prompts), s.batch):
-        batch = prompts[b0:b0 + s.batch]
-        # the backbone decodes as far as the online checks go; the fit records the first decode_tokens
-        T = s.decode_tokens
-        caches, toks, hid, logits, pos = decode_backbone(model, batch, max(T, s.online_tokens))
-        logp = torch.log_softmax(logits, -1)                       # [B, n, V]: the online reference
-        hid, logits, pos = hid[:, :, :T], logits[:, :T], pos[:, :T]
+    T = s.decode_tokens
+    for b0, batch, caches, hid, logits, pos, logp in decode_batches(model, prompts, s, ref):
         if massive is None:
             massive = massive_dims(hid)
         top = logits.argmax(-1)
@@ -110,7 +119,7 @@ def record(model: RiverModel, prompts: list[list[int]], s: Settings, tick: Calla
         ent = torch.zeros_like(kl)
         ent[..., L - 1] = entropy(logits)
         for e, lg in exits:
-            kl[..., e], agree[..., e], ent[..., e] = kl_div(logp[:, :T], lg), (lg.argmax(-1) == top).float(), entropy(lg)
+            kl[..., e], agree[..., e], ent[..., e] = kl_div(logp, lg), (lg.argmax(-1) == top).float(), entropy(lg)
         h0, h1 = hid[:-1], hid[1:]                                 # [L, B, T, d]
         cos = torch.nn.functional.cosine_similarity(h0, h1, dim=-1).permute(1, 2, 0)
         keep = torch.ones(hid.shape[-1], dtype=torch.bool)
@@ -118,8 +127,6 @@ def record(model: RiverModel, prompts: list[list[int]], s: Settings, tick: Calla
         cosm = torch.nn.functional.cosine_similarity(h0[..., keep], h1[..., keep], dim=-1).permute(1, 2, 0)
         idx = torch.arange(b0, b0 + len(batch))[:, None].expand(-1, T)
         parts.append([cos, cosm, kl, agree, ent, idx])
-        for i, p in enumerate(batch):
-            ref[b0 + i] = (p, [t[i] for t in toks], logp[i])
         tick(len(batch))
     cat = [torch.cat([p[j] for p in parts]).reshape(-1, *parts[0][j].shape[2:]).numpy() for j in range(6)]
     return Trace(*cat[:5], prompt_of=cat[5]), {"massive": massive, "ref": ref}

@@ -199,7 +199,7 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
         "thresholds": [float(x) for x in tau],
         "min_exit_layer": int(m),
         "quantile": chosen["quantile"],
-        "settings": {k: v for k, v in asdict(s).items() if k != "prompts"},
+        "settings": s.recorded(),
         "n_fit_prompts": len(fit_p), "n_test_prompts": len(test_p),
         "massive_dims": aux["massive"],
         "fit_online": measured,

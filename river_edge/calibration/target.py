@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from ..format import RiverError
 
@@ -34,3 +34,7 @@ class Settings:
     rule: str = "per-layer"       # per-layer quantile thresholds, or "single" tau
     seed: int = 0
     prompts: list[str] = field(default_factory=list)  # empty: the packaged calibration set
+
+    def recorded(self) -> dict:
+        """The settings as a fit summary stores them (the prompts themselves are not kept)."""
+        return {k: v for k, v in asdict(self).items() if k != "prompts"}
