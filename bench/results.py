@@ -171,7 +171,7 @@ def _calibration(c: dict, model: str) -> list[str]:
 
 
 def _modes(m: dict) -> list[str]:
-    out = [f"**Decoding modes, {m['model']}** (`river bench {m['model']} --mode {MODES}`; {m['tokens']} greedy tokens "
+    out = [f"**Decoding modes, {m['model']}** (`river bench {m['model']} --mode {','.join(m['configs'])}`; {m['tokens']} greedy tokens "
            f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process, "
            f"{m['threads']} threads, load {m['load_before']['loadavg_1_5_15'][0]}):", "",
            "| config | tok/s | x backbone (median) | min-max | runs identical to backbone | notes |",
