@@ -24,13 +24,22 @@ def bench(
     rounds: Annotated[Optional[int], typer.Option(
         "--rounds", min=1, show_default="3; 1 with --quick",
         help="Rounds; each runs every configuration on every prompt, alternating.")] = None,
+    max_rounds: Annotated[Optional[int], typer.Option(
+        "--max-rounds", min=1, show_default="12 with --mode",
+        help="With --mode: rounds are added past --rounds until every ratio's 95% interval is within +-5% of its "
+             "median, up to this many.")] = None,
     quick: Annotated[bool, typer.Option(
         "--quick", help="A smoke run: one prompt, one round, few tokens, no memory probes (numbers are noisy).")] = False,
     mode: Annotated[Optional[str], typer.Option(
         "--mode", "-m", show_default=False,
-        help="Benchmark decoding modes instead: a comma list of exact, gated, river, fast, backbone, plain "
-             "q8_0, q4_0 (written beside the river GGUF) and shipped (the file the river was built from, for "
-             "the offline models), e.g. --mode exact,backbone,shipped,q8_0.")] = None,
+        help="Benchmark decoding modes instead: a comma list of exact, gated, river, fast, backbone; exact with "
+             "other drafters (exact:ngram prompt lookup, exact:river+ngram, exact:draft a separate draft model); "
+             "plain q8_0, q4_k_m, q4_0 (llama-quantize of the backbone, written beside the river GGUF) and shipped "
+             "(the file the river was built from, for the offline models), e.g. --mode exact,exact:ngram,shipped,q8_0.")] = None,
+    draft: Annotated[Optional[str], typer.Option(
+        "--draft", show_default=False,
+        help="Draft model of exact:draft (a GGUF with the same vocabulary, or a model name). Default: the zoo's "
+             "smaller sibling (qwen2.5-coder-0.5b for the 1.5B).")] = None,
     out: Annotated[Path, typer.Option(
         "--out", "-o", file_okay=False, help="Folder for bench_<model>.json and .png.")] = Path("."),
     cache_dir: CacheDir = None,
@@ -51,10 +60,12 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         kw["tokens"] = tokens
     if rounds is not None:
         kw["rounds"] = rounds
+    if max_rounds is not None and modes:
+        kw["max_rounds"] = max_rounds
     with in_cache(cache_dir):
         with Bars() as bars:
             path = B.resolve_river(model, bars)
-            res = M.run(path, modes, threads=threads, progress=bars, **kw) if modes else \
+            res = M.run(path, modes, threads=threads, draft=draft, progress=bars, **kw) if modes else \
                 B.run(path, threads=threads, progress=bars, **kw)
     if modes:
         typer.echo(M.format_table(res))

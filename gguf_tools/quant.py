@@ -20,19 +20,20 @@ from river_edge.format import RiverError
 
 TYPES = {
     "f16": T.F16, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1,
-    "q8_0": T.Q8_0, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K,
+    "q8_0": T.Q8_0, "q2_k": T.Q2_K, "q3_k": T.Q3_K, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K,
 }
 NAMES = {v: k for k, v in TYPES.items()}
 # general.file_type of a model whose 2-D weights are all of one type
 FILE_TYPES = {
     "f16": FT.MOSTLY_F16, "q4_0": FT.MOSTLY_Q4_0, "q4_1": FT.MOSTLY_Q4_1, "q5_0": FT.MOSTLY_Q5_0,
-    "q5_1": FT.MOSTLY_Q5_1, "q8_0": FT.MOSTLY_Q8_0, "q4_k": FT.MOSTLY_Q4_K_S, "q5_k": FT.MOSTLY_Q5_K_S,
+    "q5_1": FT.MOSTLY_Q5_1, "q8_0": FT.MOSTLY_Q8_0, "q2_k": FT.MOSTLY_Q2_K, "q3_k": FT.MOSTLY_Q3_K_S,
+    "q4_k": FT.MOSTLY_Q4_K_S, "q5_k": FT.MOSTLY_Q5_K_S,
     "q6_k": FT.MOSTLY_Q6_K,
 }
 
 # What llama.cpp's llama-quantize uses when a row is not a whole number of 256-wide super-blocks
 # (llama_tensor_get_type); e.g. Qwen2.5-0.5B has n_embd 896.
-K_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+K_FALLBACK = {T.Q2_K: T.IQ4_NL, T.Q3_K: T.IQ4_NL, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 
 
 def ggml_type(name: str | T) -> T:
@@ -138,3 +139,28 @@ def quantize(x: np.ndarray, qtype: str | T, imatrix: np.ndarray | None = None) -
             written = sum(pool.map(chunk, parts))
     assert written == out.nbytes
     return out
+
+
+# llama-quantize's recipes, by the name its command line takes: what a user makes from an F16 GGUF
+RECIPES = {"q8_0": "MOSTLY_Q8_0", "q6_k": "MOSTLY_Q6_K", "q5_k_m": "MOSTLY_Q5_K_M", "q4_k_m": "MOSTLY_Q4_K_M",
+           "q4_0": "MOSTLY_Q4_0", "q3_k_m": "MOSTLY_Q3_K_M", "q2_k": "MOSTLY_Q2_K"}
+
+
+def llama_quantize(src: str | Path, dst: str | Path, recipe: str, threads: int | None = None) -> Path:
+    """`llama-quantize src dst RECIPE` through llama.cpp's own API (the mixed k-quant recipes such as Q4_K_M
+    are llama.cpp's per-tensor choices; nothing here re-implements them). The caller writes dst atomically."""
+    import llama_cpp
+
+    recipe = recipe.lower()
+    if recipe not in RECIPES:
+        raise RiverError(f"unknown llama-quantize recipe {recipe!r}: use one of {', '.join(RECIPES)}")
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{RECIPES[recipe]}")
+    p.nthread = threads or os.cpu_count() or 1
+    from river_edge.tokenizer import quiet_llama_logs
+
+    with quiet_llama_logs():
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p))
+    if rc != 0:
+        raise RiverError(f"{src}: llama.cpp could not quantize it to {recipe}")
+    return Path(dst)

@@ -137,14 +137,20 @@ def _source_model(info: dict) -> str | None:
 
 
 def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
-    """plain(src, dst, mode), cached: reused while newer than its source; written atomically."""
+    """dst made from src, cached: reused while newer than its source; written atomically. `mode`: a
+    llama-quantize recipe (plain files: what a user makes from the F16 backbone), else convert.plain's."""
     from .gguf_tools.convert import plain
+    from .gguf_tools.quant import RECIPES, llama_quantize
 
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp.gguf")
     try:
-        plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total))
+        progress(f"writing {dst.name}", 0, 1)
+        if mode in RECIPES:
+            llama_quantize(src, tmp, mode)
+        else:
+            plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total))
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
@@ -167,15 +173,14 @@ def prepare_files(river_path: Path, progress: Progress | None = None,
     stem, folder = _stem(river_path), river_path.parent
     files = {"river": river_path,
              "plain-f16": _derive(river_path, folder / f"{stem}.backbone.gguf", "backbone", say)}
-    quant_src = base or river_path  # without the base file, plain() re-quantizes the river GGUF's backbone
-    for q in plain:
-        files[q] = _derive(quant_src, folder / f"{stem}.{q}.gguf", q, say)
+    for q in plain:   # llama-quantize of the F16 backbone (the shipped file's values, upcast)
+        files[q] = _derive(files["plain-f16"], folder / f"{stem}.plain.{q}.gguf", q, say)
     if shipped and base is not None:
         files["shipped"] = base   # the file the user already has: the river's source, as it was downloaded
     notes = {
         "source_model": source,
         "source_file": str(base) if base else None,
-        "quant_source": "base model" if base else "river GGUF's backbone (base model not found)",
+        "quant_source": "llama-quantize of the backbone",
         "backbone_type": info.get("backbone_type") or "source",
         "river_type": info.get("river_type"),
         "architecture": info["architecture"],

@@ -1,11 +1,14 @@
-"""Decoding-mode benchmark (`river bench --mode exact,gated,river,fast,backbone`).
+"""Decoding-mode benchmark (`river bench --mode exact,gated,river,fast,backbone,q8_0,shipped`).
 
-Every mode of one RiverLlama (river_edge/spec.py), plus plain Q8_0 and Q4_0 files beside them, greedy through
-`generate()` (the path chat, completions and the server take), on the same chat prompts, in one process,
-the order rotating every round. Per configuration: median over (round, prompt) of its tok/s divided by the
-backbone's tok/s of the same round and prompt; how many of its tokens equal the backbone's (the common
-prefix, in tokens; exact mode must give all of them); and the mode's telemetry (acceptance, draft length
-and cost model for exact, fallback rate for gated, mean backbone depth for river).
+Every mode of one RiverLlama (river_edge/spec.py) and the files a user would run instead (plain Q8_0 / Q4_K_M /
+Q4_0 made by llama-quantize from the F16 backbone, and the shipped file itself), greedy through `generate()`
+(the path chat, completions and the server take), on the same chat prompts, in one process, the order
+rotating every round. Exact mode runs with each drafter through the same loop and cost model
+(`exact` the river, `exact:ngram` prompt lookup, `exact:river+ngram`, `exact:draft` a separate draft model).
+Per configuration: median over (round, prompt) of its tok/s divided by the backbone's tok/s of the same
+round and prompt, with a bootstrap 95% interval; rounds are added until every interval is within
++-`ci` of its median (or `max_rounds`); how many of its tokens equal the backbone's (exact mode must give
+all of them); peak memory in a fresh process; and the mode's telemetry.
 """
 from __future__ import annotations
 
@@ -20,18 +23,33 @@ from . import bench as B
 from .format import RiverError
 from .spec import MODES
 
-PLAIN = ("q8_0", "q4_0", "shipped")  # stock files: plain quantizations, and the source file itself
-DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4)
-QUICK = dict(tokens=12, rounds=1, n_prompts=1)
+PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
+SPEC = ("exact:ngram", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
+CONFIGS = MODES + SPEC + PLAIN
+DRAFTS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}    # the zoo's default draft model per model
+DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4, max_rounds=12, ci=0.05)
+QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1)
 
 
 def parse_modes(text: str) -> list[str]:
     modes = [m.strip().lower() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES + PLAIN]
+    bad = [m for m in modes if m not in CONFIGS]
     if bad or not modes:
         raise RiverError(f"--mode: unknown mode {bad[0] if bad else text!r}: use a comma list of "
-                         f"{', '.join(MODES + PLAIN)}")
+                         f"{', '.join(CONFIGS)}")
     return list(dict.fromkeys(modes))
+
+
+def draft_for(river_path: Path, draft: str | Path | None, progress=None) -> Path:
+    """The draft model of `exact:draft`: the one given (a GGUF or a zoo name), else the zoo's default."""
+    from . import zoo
+    from .gguf_tools.inspect import inspect_gguf
+
+    if draft is None:
+        draft = DRAFTS.get(B._source_model(inspect_gguf(river_path)) or "")
+        if draft is None:
+            raise RiverError(f"exact:draft: no default draft model for {river_path.name}; give one with --draft")
+    return zoo.resolve(draft, progress)
 
 
 def _gen(llm, prompt: list[int], n: int) -> tuple[list[int], float, float]:
@@ -64,20 +82,46 @@ def _common(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def _ratio_stats(rows: list[dict], c: str, key: str, inverse: bool = False) -> tuple[list[float], float, list[float]]:
+    r = [(row[key]["backbone"] / row[key][c]) if inverse else (row[key][c] / row[key]["backbone"]) for row in rows]
+    return r, float(np.median(r)), bootstrap_ci(r)
+
+
+def _settled(rows: list[dict], cfgs: list[str], ci: float) -> bool:
+    """Every configuration's decode-speed ratio known within +-ci of its median (95% bootstrap); fewer than 5
+    (round, prompt) samples say nothing about an interval."""
+    if len(rows) < 5:
+        return False
+    for c in cfgs:
+        _, m, (lo, hi) = _ratio_stats(rows, c, "tok_s")
+        if hi - m > ci * m or m - lo > ci * m:
+            return False
+    return True
+
+
 def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAULT_THREADS,
         tokens: int = DEFAULTS["tokens"], rounds: int = DEFAULTS["rounds"], n_prompts: int = DEFAULTS["n_prompts"],
-        prompts: Sequence[str] | None = None, progress=None) -> dict:
+        max_rounds: int = DEFAULTS["max_rounds"], ci: float = DEFAULTS["ci"], draft: str | Path | None = None,
+        memory: bool = True, prompts: Sequence[str] | None = None, progress=None) -> dict:
     from .tokenizer import Tokenizer
 
     say = progress or B._quiet
     if tokens < 2 or rounds < 1 or threads < 1:
         raise RiverError("tokens must be at least 2, rounds and threads at least 1")
+    max_rounds = max(rounds, max_rounds)
     river_path = Path(river_path)
-    files, notes = B.prepare_files(river_path, say, shipped="shipped" in modes)
+    files, notes = B.prepare_files(river_path, say, plain=[q for q in modes if q in PLAIN and q != "shipped"],
+                                   shipped="shipped" in modes)
     cfgs = ["backbone"] + [m for m in modes if m != "backbone"]
+    if "shipped" in cfgs and "shipped" not in files:
+        raise RiverError("shipped: the file this river GGUF was built from is not in the model cache (found only "
+                         "for the offline models: `river models prepare NAME`)")
+    if "exact:draft" in cfgs:
+        files["draft"] = draft_for(river_path, draft, say)
     texts = list(prompts) if prompts else B.packaged_prompts(n_prompts)
     chats = [Tokenizer(river_path).chat(t) for t in texts]
     n_ctx = max(len(c) for c in chats) + tokens + 16
+    from .drafters import DraftModel
     from .host import host, placement
     from .runtime import RiverLlama
 
@@ -87,15 +131,18 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     llm = load(files["river"])
     if not llm.has_river:
         raise RiverError(f"{river_path}: the runtime sees no river in it (is the patched llama-cpp-python installed?)")
-    if "shipped" in cfgs and "shipped" not in files:
-        raise RiverError("shipped: the file this river GGUF was built from is not in the model cache (found only "
-                         "for the offline models: `river models prepare NAME`)")
     plain = {q: load(files[q]) for q in cfgs if q in PLAIN}
+    drafter = {"exact": "river", "exact:ngram": "ngram", "exact:river+ngram": "river+ngram"}
+    if "draft" in files:
+        drafter["exact:draft"] = DraftModel(files["draft"], llm)
 
     def decode(c, p):
         if c in PLAIN:
             return _gen(plain[c], p, tokens), {}
-        llm.mode = c
+        mode = c.split(":")[0]
+        llm.mode = mode
+        if mode == "exact":
+            llm.drafter = drafter[c]
         if c == "river":
             llm.reset_stats()
         out = _gen(llm, p, tokens)
@@ -111,9 +158,9 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     load_before = B._load_avg()
     rows = []                          # one per (round, prompt): {config: tok/s}, {config: common prefix}
     stats: dict[str, list[dict]] = {c: [] for c in cfgs}
-    total, done = rounds * len(chats) * len(cfgs), 0
+    done, r = 0, 0
     t_start = time.time()
-    for r in range(rounds):
+    while r < rounds or (r < max_rounds and not _settled(rows, cfgs, ci)):
         order = cfgs[r % len(cfgs):] + cfgs[: r % len(cfgs)]
         for pi, p in enumerate(chats):
             toks, tps, req = {}, {}, {}
@@ -121,38 +168,86 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
                 (toks[c], tps[c], req[c]), st = decode(c, p)
                 stats[c].append(st)
                 done += 1
-                say(f"round {r + 1}/{rounds}", done, total)
+                say(f"round {r + 1} (at least {rounds}, at most {max_rounds})", done,
+                    max(rounds, r + 1) * len(chats) * len(cfgs))
             rows.append({"round": r, "prompt": pi, "tok_s": tps, "request_s": req,
                          "common_prefix": {c: _common(toks[c], toks["backbone"]) for c in cfgs}})
+        r += 1
+    load_after = B._load_avg()
+    mem = {}
+    if memory:
+        for i, c in enumerate(cfgs):
+            say("peak memory (a fresh process per configuration)", i, len(cfgs))
+            mem[c] = _memory(files, c, n_ctx, threads, chats[0])
     res = dict(
         kind="modes", model=B._stem(river_path), river_gguf=str(river_path), files={k: str(v) for k, v in files.items()},
-        weights=B.weights_note(notes), notes=notes, threads=threads, tokens=tokens, rounds=rounds, prompts=texts,
+        weights=B.weights_note(notes), notes=notes, threads=threads, tokens=tokens, rounds=r, min_rounds=rounds,
+        max_rounds=max_rounds, ci_target=ci, settled=_settled(rows, cfgs, ci), prompts=texts,
         prompt_tokens=[len(c) for c in chats], elapsed_s=time.time() - t_start, load_before=load_before,
-        load_after=B._load_avg(), cpu_count=os.cpu_count(), rows=rows, configs={},
+        load_after=load_after, cpu_count=os.cpu_count(), rows=rows, configs={},
+        timing="decode: first token (from the prompt's logits, every configuration alike) to the n-th after it; "
+               "request: generate() called to the n-th token, prefill included",
         # the host and where ggml put each file's weights: figures from other hosts never share a table
         host=host(threads), buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}})
     for c in cfgs:
-        ratio = [row["tok_s"][c] / row["tok_s"]["backbone"] for row in rows]
-        req = [row["request_s"]["backbone"] / row["request_s"][c] for row in rows]
+        ratio, med, ci95 = _ratio_stats(rows, c, "tok_s")
+        _, req_med, req_ci = _ratio_stats(rows, c, "request_s", inverse=True)
         same = [row["common_prefix"][c] for row in rows]
+        f = files[c if c in PLAIN else "river"]
         d = {"tok_s_median": float(np.median([row["tok_s"][c] for row in rows])),
-             "ratio_median": float(np.median(ratio)), "ratio_min": float(min(ratio)), "ratio_max": float(max(ratio)),
-             "ratio_ci95": bootstrap_ci(ratio),
-             "request_ratio_median": float(np.median(req)), "request_ratio_ci95": bootstrap_ci(req),
+             "ratio_median": med, "ratio_min": float(min(ratio)), "ratio_max": float(max(ratio)), "ratio_ci95": ci95,
+             "request_ratio_median": req_med, "request_ratio_ci95": req_ci,
              "identical_runs": sum(s == tokens for s in same), "runs": len(same),
              "common_prefix_mean": float(np.mean(same)),
-             "file_mib": files[c if c in PLAIN else "river"].stat().st_size / 2**20}
+             "file_mib": (f.stat().st_size + (files["draft"].stat().st_size if c == "exact:draft" else 0)) / 2**20,
+             "memory": mem.get(c)}
         d.update(_telemetry(c, stats[c], llm.n_layer))
         res["configs"][c] = d
     return res
 
 
+def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int]) -> dict:
+    """Peak RSS of a fresh process that loads configuration c's file(s) and generates 16 tokens in it."""
+    import json
+    import subprocess
+    import sys
+
+    arg = json.dumps({"path": str(files[c] if c in PLAIN else files["river"]), "config": c,
+                      "draft": str(files.get("draft", "")), "n_ctx": n_ctx, "threads": threads, "prompt": prompt})
+    p = subprocess.run([sys.executable, "-m", "river_edge.bench_modes", "--memory-probe", arg],
+                       capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["probe failed"])[-1]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _memory_probe(arg: str) -> None:
+    import json
+
+    from .drafters import DraftModel
+    from .runtime import RiverLlama
+
+    a = json.loads(arg)
+    base = B._hwm_mib()
+    m = RiverLlama(a["path"], n_ctx=a["n_ctx"], n_threads=a["threads"], n_threads_batch=a["threads"], seed=0)
+    mode, _, drafter = a["config"].partition(":")
+    if a["config"] not in PLAIN:
+        m.mode = mode
+        if drafter:
+            m.drafter = DraftModel(a["draft"], m) if drafter == "draft" else drafter
+    loaded = B._hwm_mib()
+    _gen(m, a["prompt"], 16)
+    peak = B._hwm_mib()
+    print(json.dumps({"baseline_mib": base, "after_load_mib": loaded, "peak_mib": peak, "model_mib": peak - base}))
+
+
 def _telemetry(c: str, sts: list[dict], n_layer: int) -> dict:
-    if c == "exact":
+    if c.startswith("exact"):
         drafted, acc = sum(s["drafted"] for s in sts), sum(s["accepted"] for s in sts)
         cycles, toks = sum(s["cycles"] for s in sts), sum(s["tokens"] for s in sts)
         return {"acceptance_rate": acc / drafted if drafted else None, "mean_draft_len": drafted / max(cycles, 1),
-                "tokens_per_cycle": toks / max(cycles, 1), "cost_model": sts[-1].get("cost_model")}
+                "tokens_per_cycle": toks / max(cycles, 1), "cost_model": sts[-1].get("cost_model"),
+                "by_drafter": _sum_by(sts)}
     if c == "gated":
         fb, toks = sum(s["fallbacks"] for s in sts), sum(s["tokens"] for s in sts)
         return {"fallback_rate": fb / max(toks, 1), "gate_entropy": sts[-1].get("gate_entropy")}
@@ -160,6 +255,18 @@ def _telemetry(c: str, sts: list[dict], n_layer: int) -> dict:
         h = np.sum([s["hist"] for s in sts], axis=0)
         return {"mean_depth": float((h * np.arange(n_layer + 1)).sum() / max(h.sum(), 1)), "hist": h.tolist()}
     return {}
+
+
+def _sum_by(sts: list[dict]) -> dict:
+    out: dict = {}
+    for s in sts:
+        for src, v in (s.get("by_drafter") or {}).items():
+            o = out.setdefault(src, {"cycles": 0, "drafted": 0, "accepted": 0})
+            for k in o:
+                o[k] += v[k]
+    for o in out.values():
+        o["acceptance_rate"] = o["accepted"] / o["drafted"] if o["drafted"] else None
+    return out
 
 
 def note(c: str, d: dict, res: dict) -> str:
@@ -176,12 +283,19 @@ def note(c: str, d: dict, res: dict) -> str:
 
 
 def format_table(res: dict) -> str:
+    cpu = (res.get("host") or {}).get("cpu") or {}
     lines = [f"{res['model']}: {res['weights']}",
-             f"greedy, {res['tokens']} tokens x {len(res['prompts'])} chat prompts x {res['rounds']} rounds, "
-             f"{res['threads']} threads, load average {res['load_before']['loadavg_1_5_15'][0]}",
-             f"{'config':10} {'tok/s':>7} {'x backbone':>10} {'(min-max)':>12} {'same as backbone':>17}  notes"]
+             f"host {cpu.get('model', '?')} ({', '.join(cpu.get('isa', []))}), {res['threads']} threads, load average "
+             f"{res['load_before']['loadavg_1_5_15'][0]}; greedy, {res['tokens']} tokens x {len(res['prompts'])} "
+             f"chat prompts x {res['rounds']} rounds" + ("" if res.get("settled", True) else
+                                                         f" (intervals not within +-{res['ci_target']:.0%})"),
+             f"{'config':18} {'tok/s':>6} {'x backbone (95% CI)':>20} {'request':>8} {'peak MiB':>8} "
+             f"{'same as backbone':>17}  notes"]
     for c, d in res["configs"].items():
-        lines.append(f"{c:10} {d['tok_s_median']:7.1f} {d['ratio_median']:9.2f}x {d['ratio_min']:5.2f}-{d['ratio_max']:<5.2f} "
+        lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
+        mem = (d.get("memory") or {}).get("peak_mib")
+        lines.append(f"{c:18} {d['tok_s_median']:6.1f} {d['ratio_median']:6.2f}x ({lo:.2f}-{hi:.2f}) "
+                     f"{d.get('request_ratio_median', float('nan')):7.2f}x {'-' if mem is None else str(round(mem)):>8} "
                      f"{d['identical_runs']:>5}/{d['runs']} runs ({d['common_prefix_mean']:.0f} tok)  {note(c, d, res)}")
     return "\n".join(lines)
 
@@ -214,3 +328,10 @@ def figure(res: dict, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--memory-probe":
+        _memory_probe(sys.argv[2])

@@ -98,7 +98,8 @@ class RiverLlama(llama_cpp.Llama):
 
     Keyword arguments are Llama's, plus `thresholds`, `min_exit_layer` and `forced_exit` overriding
     the GGUF's river keys, `river=False` to run the stock graph, `river_head=False` to draft with
-    the backbone's LM head instead of the GGUF's river head, and `extra_bufts=False` to keep every
+    the backbone's LM head instead of the GGUF's river head, `drafter` for exact mode ("river", "ngram",
+    "river+ngram" or a draft model's GGUF path: river_edge/drafters.py), and `extra_bufts=False` to keep every
     weight out of ggml's extra buffer types (AMX, CPU_REPACK: repacked layouts, faster kernels).
     """
 
@@ -115,7 +116,7 @@ class RiverLlama(llama_cpp.Llama):
     def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
                  min_exit_layer: int | None = None, forced_exit: int | None = None, river: bool = True,
                  river_head: bool = True, mode: str | None = None, gate: float | None = None,
-                 extra_bufts: bool = True, **kwargs):
+                 drafter: str | None = None, extra_bufts: bool = True, **kwargs):
         path = Path(model_path)
         self._river = _lib()
         kwargs.setdefault("verbose", False)
@@ -151,6 +152,8 @@ class RiverLlama(llama_cpp.Llama):
             self.river_enabled = False
         if not river_head and self.has_river_head:
             self.river_head = False
+        if drafter is not None:
+            self.drafter = drafter
         self._cache_contract = self._contract()
 
     # -- the KV cache's contract ---------------------------------------------------------------
@@ -199,6 +202,15 @@ class RiverLlama(llama_cpp.Llama):
     def gate(self, g: float) -> None:
         self._spec.gate = F.check_gate(g)
         self._sync_cache()
+
+    @property
+    def drafter(self) -> str:
+        """Who drafts in exact mode: river, ngram, river+ngram, or the path of a separate draft model."""
+        return self._spec.drafter
+
+    @drafter.setter
+    def drafter(self, d) -> None:
+        self._spec.drafter = d
 
     def generate(self, tokens, **kw):
         self._sync_cache()

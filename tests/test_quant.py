@@ -12,7 +12,7 @@ RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 512)).astype(np.float32)
 # rms error / rms value that each type must beat on gaussian data
 TOLERANCE = {"f16": 1e-3, "q4_0": 0.12, "q4_1": 0.12, "q5_0": 0.06, "q5_1": 0.06, "q8_0": 0.01,
-             "q4_k": 0.1, "q5_k": 0.05, "q6_k": 0.025}
+             "q2_k": 0.33, "q3_k": 0.17, "q4_k": 0.1, "q5_k": 0.05, "q6_k": 0.025}
 
 
 @pytest.mark.parametrize("name", list(quant.TYPES))
@@ -52,11 +52,13 @@ def test_k_quant_fallback_is_llama_quantize_s():
     assert quant.type_for_row(T.Q4_K, 896) == T.Q5_0
     assert quant.type_for_row(T.Q6_K, 64) == T.Q8_0
     assert quant.type_for_row(T.Q4_K, 4864) == T.Q4_K
+    assert quant.type_for_row(T.Q2_K, 576) == quant.type_for_row(T.Q3_K, 896) == T.IQ4_NL
+    assert quant.type_for_row(T.Q3_K, 1536) == T.Q3_K
 
 
 @pytest.mark.parametrize("call, fragment", [
     (lambda: quant.quantize(X[:, :48], "q4_0"), "multiple of 32"),
-    (lambda: quant.quantize(X, "q3_k"), "unknown quantization type 'q3_k'"),
+    (lambda: quant.quantize(X, "q7_0"), "unknown quantization type 'q7_0'"),
     (lambda: quant.quantize(X, "q4_k", np.ones(7)), "importance matrix has 7 values"),
     (lambda: quant.quantize(np.zeros((0, 32)), "q4_0"), "empty"),
 ])

@@ -384,3 +384,30 @@ def test_exact_leaves_other_sequences_alone(model, monkeypatch):
     assert llama_cpp.llama_memory_seq_pos_max(mem, 1) == len(PROMPTS[3]) - 1
     monkeypatch.undo()
     assert out == _gen(_llm(model, "backbone"), PROMPTS[0])
+
+
+@pytest.mark.parametrize("arch, backbone, river", [("llama", "keep", "q2_k"), ("qwen2", "q8_0", "q3_k")])
+def test_exact_over_a_quantized_backbone_is_that_files_output(tmp_path, arch, backbone, river):
+    """`river build --backbone keep|q8_0` with a 2-3 bit river: exact mode writes what stock llama.cpp writes
+    from the plain file of that backbone (the source itself for keep), token for token."""
+    import llama_cpp
+    from gguf import GGMLQuantizationType as T
+
+    from river_edge.gguf_tools.build import build_river
+    from river_edge.gguf_tools.convert import plain
+    from river_edge.gguf_tools.reader import open_gguf
+    from river_edge.gguf_tools.tiny import write_tiny_model
+
+    base = write_tiny_model(tmp_path / "base.gguf", arch, n_embd=256, n_ff=512, wtype="q4_1", seed=3)
+    rv = build_river(base, tmp_path / "river.gguf", backbone=backbone, river=river)
+    types = {t.name: t.tensor_type for t in open_gguf(rv).tensors}
+    assert types["river.blk.0.ffn_up.weight"] == {"q2_k": T.Q2_K, "q3_k": T.Q3_K}[river]
+    assert types["blk.0.ffn_up.weight"] == {"keep": T.Q4_1, "q8_0": T.Q8_0}[backbone]
+    ref_path = base if backbone == "keep" else plain(rv, tmp_path / "backbone.gguf", "backbone")
+    ref = llama_cpp.Llama(str(ref_path), n_ctx=256, seed=0, verbose=False)       # stock code, the plain file
+    ex = _llm(rv, "exact")
+    ex._spec.fixed_k = 3
+    for p in PROMPTS:
+        ref.reset()
+        assert _gen(ex, p) == _gen(ref, p)
+    assert ex.stats()["drafted"] > 0

@@ -1,0 +1,181 @@
+"""Who drafts for exact mode, and what a draft costs.
+
+Exact mode's loop (river_edge/spec.py) is one loop for every drafter: draft k tokens, verify k + 1 on the
+backbone in one batch, keep the longest agreeing prefix plus the backbone's own token. The drafters:
+
+  river        the GGUF's own 4-bit twin of every layer (forced exit -1), writing into the shared KV cache
+  ngram        prompt lookup (Saxena 2023; llama.cpp's `--lookup`, `ngram` speculation): the tokens that
+               followed the most recent earlier occurrence of the context's last n tokens (n = 3, 2, 1).
+               Costs no model step, so its k is chosen with a free draft.
+  river+ngram  the n-gram continuation where the context has one, the river where it has none
+  a GGUF path  a separate draft model with the same vocabulary (e.g. Qwen2.5-Coder-0.5B for the 1.5B), in
+               its own context, kept in step with the accepted tokens
+
+One cost model (CostModel) chooses k for all of them from the measured batch-cost curve, each drafter's
+own per-token cost and its own running acceptance, so drafters are compared, not loops.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .format import RiverError
+
+NAMED = ("river", "ngram", "river+ngram")
+NGRAM_MAX = 3
+
+
+@dataclass
+class CostModel:
+    draft_s: float                      # one river step (1 token), Python included
+    verify_s: list[float]               # verify_s[n]: backbone batch of n tokens; [0] unused
+    backbone_s: float = 0.0             # one backbone step (= verify_s[1])
+    tie: float = 0.0                    # batch rounding: max |logit| change of a row decoded in a batch
+    other_s: dict = field(default_factory=dict)   # per-token cost of drafters other than the river
+    _obs: dict = field(default_factory=dict)
+
+    def step_s(self, drafter: str = "river") -> float:
+        if drafter == "river":
+            return self.draft_s
+        # a drafter never observed starts at the river's cost; its own cycles correct it within a few
+        return self.other_s.get(drafter, 0.0 if drafter == "ngram" else self.draft_s)
+
+    def observe(self, n: int, dt: float, drafter: str = "river") -> None:
+        """Online update from a real cycle: n = 0 a draft step (of `drafter`), n >= 1 a verification of n
+        tokens. The median of the last 9 observations (the start-up figure among them): on a shared
+        machine single cycles stall for 10x their time now and then, and a mean would chase them."""
+        if n >= len(self.verify_s):
+            return
+        key = ("draft", drafter) if n == 0 else n
+        start = self.step_s(drafter) if n == 0 else self.verify_s[n]
+        w = self._obs.setdefault(key, deque([start], maxlen=9))
+        w.append(dt)
+        m = float(np.median(w))
+        if n == 0 and drafter == "river":
+            self.draft_s = m
+        elif n == 0:
+            self.other_s[drafter] = m
+        else:
+            self.verify_s[n] = m
+
+    def curve(self) -> list[float]:
+        """verify_s made non-decreasing from the right (a batch never costs more than a bigger one): a
+        load spike caught in one size's measurements does not rule that size out."""
+        v = list(self.verify_s)
+        for n in range(len(v) - 2, 0, -1):
+            v[n] = min(v[n], v[n + 1])
+        return v
+
+    def rate(self, k: int, a: float, curve: list[float] | None = None, drafter: str = "river") -> float:
+        """Expected tokens per second of a cycle drafting k at per-token acceptance a."""
+        e = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+        return e / (k * self.step_s(drafter) + (curve or self.curve())[k + 1])
+
+    def best_k(self, a: float, kmax: int, drafter: str = "river") -> int:
+        c = self.curve()
+        return max(range(0, min(kmax, len(self.verify_s) - 2) + 1), key=lambda k: self.rate(k, a, c, drafter))
+
+    def as_dict(self) -> dict:
+        return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]],
+                "verify_ms_used": [v * 1e3 for v in self.curve()[1:]],
+                **({"other_draft_ms": {k: v * 1e3 for k, v in self.other_s.items()}} if self.other_s else {})}
+
+
+class Ngram:
+    """Prompt lookup over the tokens of one generate() call (prompt included): an index from every n-gram
+    (n = 1..n_max) to where its latest continuation starts, updated as tokens are accepted, so a lookup is
+    O(n_max) whatever the context length."""
+
+    def __init__(self, tokens, n_max: int = NGRAM_MAX):
+        self.n_max = int(n_max)
+        self.toks: list[int] = []
+        self.idx: list[dict] = [{} for _ in range(self.n_max + 1)]
+        self.extend(tokens)
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            self.toks.append(int(t))
+            m = len(self.toks)
+            for n in range(1, self.n_max + 1):   # the n-gram ending at m-2 now continues at m-1
+                if m - 1 - n >= 0:
+                    self.idx[n][tuple(self.toks[m - 1 - n:m - 1])] = m - 1
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens continuing the context, from its longest suffix seen before; [] if none."""
+        t = self.toks
+        for n in range(min(self.n_max, len(t)), 0, -1):
+            s = self.idx[n].get(tuple(t[-n:]))
+            if s is not None:
+                return t[s:s + k]
+        return []
+
+
+class DraftModel:
+    """A separate draft model in its own llama.cpp context (stock: its graph has no river). Before each
+    cycle its cache is brought to the accepted tokens (common prefix kept, the rest decoded in one batch);
+    its drafts of the last cycle are dropped there."""
+
+    def __init__(self, path: str | Path, main):
+        import llama_cpp
+
+        from .tokenizer import quiet_llama_logs
+
+        path = Path(path)
+        if not path.is_file():
+            raise RiverError(f"draft model {path}: no such file")
+        cp = main.context_params
+        with quiet_llama_logs():
+            try:
+                self.llm = llama_cpp.Llama(str(path), n_ctx=main._n_ctx, n_batch=main.n_batch, n_threads=cp.n_threads,
+                                           n_threads_batch=cp.n_threads_batch, verbose=False)
+            except ValueError as e:
+                raise RiverError(f"draft model {path}: llama.cpp cannot load it ({e})") from None
+        self.path = path
+        if self.llm._n_vocab != main._n_vocab or any(
+                self.llm._model.token_get_text(i) != main._model.token_get_text(i)
+                for i in range(0, main._n_vocab, max(1, main._n_vocab // 512))):
+            raise RiverError(f"draft model {path}: its vocabulary is not {main.model_path}'s "
+                             f"({self.llm._n_vocab} vs {main._n_vocab} tokens)")
+        self.toks: list[int] = []      # what its cache holds, position by position
+
+    def _decode(self, toks: list[int], pos: int) -> np.ndarray:
+        m = self.llm
+        m._batch.set_batch(batch=toks, n_past=pos, logits_all=False)
+        m._ctx.decode(m._batch)
+        return np.ctypeslib.as_array(m._ctx.get_logits(), shape=(1, m._n_vocab))[0]
+
+    def prepare(self, context: list[int]) -> None:
+        """Make its cache hold exactly `context` (the tokens before the one to draft from)."""
+        keep = 0
+        for a, b in zip(self.toks, context):
+            if a != b:
+                break
+            keep += 1
+        self.llm._ctx.kv_cache_seq_rm(0, keep, -1)
+        self.toks = self.toks[:keep]
+        rest = list(context[keep:])
+        for i in range(0, len(rest), self.llm.n_batch):
+            chunk = rest[i:i + self.llm.n_batch]
+            self._decode(chunk, len(self.toks))
+            self.toks += chunk
+
+    def step(self, tok: int) -> np.ndarray:
+        """Logits after `tok`, appended at the end of its cache."""
+        row = self._decode([int(tok)], len(self.toks))
+        self.toks.append(int(tok))
+        return row
+
+
+def resolve(drafter, main) -> tuple[str, DraftModel | None]:
+    """(name, draft model): a drafter name, or a GGUF path for a separate draft model."""
+    if isinstance(drafter, DraftModel):
+        return "model", drafter
+    if isinstance(drafter, str) and drafter.lower() in NAMED:
+        return drafter.lower(), None
+    if isinstance(drafter, (str, Path)) and str(drafter).endswith(".gguf"):
+        return "model", DraftModel(drafter, main)
+    raise RiverError(f"unknown drafter {drafter!r}: use {', '.join(NAMED)} or the path of a draft model GGUF")
+

@@ -1,0 +1,113 @@
+"""What exact mode computes on logits: llama.cpp's sampler chain as dense distributions (processed_probs,
+Transform for the history-dependent parts) and speculative sampling's accept step (accept)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _softmax64(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+class Transform:
+    """What llama-cpp-python's sampler chain does to logits before choosing, for the parts that depend only on
+    the history: its logits processors (logit_bias, min_tokens), then llama.cpp's penalties over the last
+    `last_n` tokens *generated in this call* (the chain is new each call and accepts only sampled tokens).
+    Applied to the backbone's rows (and the river's drafts) inside the speculative loop, row by row with the
+    history that position has, so penalised decoding stays exact and fast."""
+
+    def __init__(self, kw: dict, last_n: int):
+        self.repeat = np.float32(kw.get("repeat_penalty", 1.0))
+        self.freq = np.float32(kw.get("frequency_penalty", 0.0))
+        self.present = np.float32(kw.get("presence_penalty", 0.0))
+        self.last_n = int(last_n)
+        self.procs = list(kw.get("logits_processor") or [])
+        self.penalties = bool(self.last_n != 0 and (self.repeat != 1 or self.freq != 0 or self.present != 0))
+
+    def __bool__(self) -> bool:
+        return self.penalties or bool(self.procs)
+
+    def __call__(self, row: np.ndarray, ids, generated: list[int]) -> np.ndarray:
+        """row: logits after the token ids[-1]; generated: the tokens sampled so far in this call."""
+        x = np.array(row, dtype=np.float32)
+        for proc in self.procs:
+            x = np.asarray(proc(np.asarray(ids, dtype=np.intc), x), dtype=np.float32)
+        window = generated[-self.last_n:] if self.last_n > 0 else generated
+        if self.penalties and window:
+            toks, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+            v = x[toks]
+            v = np.where(v <= 0, v * self.repeat, v / self.repeat).astype(np.float32)
+            c = counts.astype(np.float32)
+            v = v - (c * self.freq + (c > 0).astype(np.float32) * self.present)
+            x[toks] = v
+        return x
+
+
+def accept(drafts: list[int], qs: list[np.ndarray], p_at, rng: np.random.Generator) -> tuple[list[int], int]:
+    """Speculative sampling's accept step (Leviathan et al. 2023; gpt-fast's speculative_decode): draft j
+    is kept with probability min(1, p_j[d] / q_j[d]); the first one rejected is replaced by a draw from the
+    residual max(p_j - q_j, 0), normalised; when all are kept, one more token is drawn from the backbone's
+    p after the last. p_at(j) gives the backbone's sampling distribution at position j (computed only as
+    far as needed). The tokens follow the backbone's distribution exactly. Returns (tokens, drafts kept)."""
+    out = []
+    for j, (d, q) in enumerate(zip(drafts, qs)):
+        p = p_at(j)
+        if rng.random() * q[d] < p[d]:
+            out.append(d)
+            continue
+        r = np.maximum(p - q, 0.0)
+        s = r.sum()
+        out.append(int(rng.choice(len(p), p=r / s)) if s > 0 else int(rng.choice(len(p), p=p)))
+        return out, j
+    p = p_at(len(drafts))
+    out.append(int(rng.choice(len(p), p=p)))
+    return out, len(drafts)
+
+
+def margin(row: np.ndarray) -> float:
+    """Top-1 minus top-2 logit."""
+    a, b = np.partition(row, -2)[-2:]
+    return float(b - a)
+
+
+def entropy(logits: np.ndarray) -> float:
+    x = logits.astype(np.float64)
+    x = x - x.max()
+    e = np.exp(x)
+    s = e.sum()
+    return float(math.log(s) - (e * x).sum() / s)
+
+
+def processed_probs(logits: np.ndarray, temp: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+    """The distribution llama.cpp's chain (top_k, typical 1, top_p, min_p, temp, dist) samples from,
+    dense over the vocabulary. temp < 0: dist alone (softmax of the raw logits)."""
+    x = np.asarray(logits, dtype=np.float32)
+    V = x.shape[0]
+    if temp < 0:
+        return _softmax64(x)
+    if 0 < top_k < V:
+        ids = np.argpartition(-x, top_k - 1)[:top_k]
+    else:
+        ids = np.arange(V)
+    ids = ids[np.argsort(-x[ids], kind="stable")]          # descending, as llama.cpp's partial sort
+    xs = x[ids]
+    if top_p < 1.0:
+        e = np.exp(xs - xs[0], dtype=np.float32)
+        p = e / e.sum(dtype=np.float32)
+        c = np.cumsum(p, dtype=np.float32)
+        hit = np.nonzero(c >= np.float32(top_p))[0]
+        last = int(hit[0]) + 1 if len(hit) else len(ids)
+        ids, xs = ids[:last], xs[:last]
+    if min_p > 0.0:
+        keep = xs >= xs[0] + np.float32(math.log(min_p))
+        keep[0] = True
+        ids, xs = ids[keep], xs[keep]
+    out = np.zeros(V, dtype=np.float64)
+    out[ids] = _softmax64(xs / np.float32(temp))
+    return out
+
+

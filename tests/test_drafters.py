@@ -1,0 +1,88 @@
+"""Exact mode's drafters (river_edge/drafters.py): prompt lookup, the river with n-gram proposals, a separate
+draft model. Every drafter goes through the same loop, so each must give the backbone's greedy tokens, and
+each must actually draft (a drafter that never proposes would pass the first check trivially)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from river_edge.drafters import CostModel, Ngram
+from river_edge.format import RiverError
+from river_edge.gguf_tools.convert import plain
+from river_edge.runtime import RiverLlama
+
+# repetitive prompts: prompt lookup has something to find
+PROMPTS = [[1, 5, 9, 200, 5, 9, 200, 5, 9], [1, 17, 3, 3, 3, 3], [1, 42, 43, 44, 45, 46, 42, 43]]
+N = 64
+
+
+def _llm(path, mode, **kw):
+    return RiverLlama(str(path), mode=mode, **{"n_ctx": 256, "seed": 0, **kw})
+
+
+def _gen(llm, prompt, n=N):
+    return [t for _, t in zip(range(n), llm.generate(prompt, temp=0.0))]
+
+
+@pytest.fixture(params=["tiny_llama", "tiny_qwen2"])
+def model(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_ngram_index_finds_the_latest_longest_match():
+    g = Ngram([1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 2, 3])
+    assert g.propose(3) == [7, 8, 4]        # "2 3" last continued by 7 (the 3-gram "4 2 3" is new)
+    g.extend([7])
+    assert g.propose(2) == [8, 4]            # "2 3 7" seen once
+    assert Ngram([5, 6]).propose(4) == []    # nothing repeats
+    assert Ngram([4, 4]).propose(3) == [4]   # a continuation stops at the context's end
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "river+ngram"])
+def test_ngram_drafters_are_exact_and_draft(model, drafter):
+    ref, ex = _llm(model, "backbone"), _llm(model, "exact", drafter=drafter)
+    for p in PROMPTS:
+        assert _gen(ex, p) == _gen(ref, p)
+    by = ex.stats()["by_drafter"]
+    assert by["ngram"]["drafted"] > 0 and by["ngram"]["accepted"] > 0
+    if drafter == "river+ngram":   # where the context has no match the river drafts
+        ex._spec.fixed_k = 2
+        _gen(ex, [1, 2, 77], n=8)
+        assert ex.stats()["by_drafter"]["river"]["drafted"] > 0
+
+
+def test_draft_model_is_exact_and_its_own_backbone_is_always_accepted(model, tmp_path):
+    ref = _llm(model, "backbone")
+    same = plain(model, tmp_path / "backbone.gguf", "backbone")      # the backbone itself as the drafter
+    other = plain(model, tmp_path / "river.gguf", "river")           # a different model, same vocabulary
+    for path, all_kept in ((same, True), (other, False)):
+        ex = _llm(model, "exact", drafter=str(path))
+        ex._spec.fixed_k = 3
+        for p in PROMPTS:
+            assert _gen(ex, p) == _gen(ref, p)
+        s = ex.stats()["by_drafter"][f"model:{path}"]
+        assert s["drafted"] > 0
+        assert (s["accepted"] == s["drafted"]) == all_kept
+
+
+def test_drafter_errors(model, tmp_path):
+    from river_edge.gguf_tools.tiny import write_tiny_model
+
+    ex = _llm(model, "exact")
+    with pytest.raises(RiverError, match="unknown drafter"):
+        ex.drafter = "medusa"
+    with pytest.raises(RiverError, match="no such file"):
+        ex.drafter = str(tmp_path / "nope.gguf")
+    other = write_tiny_model(tmp_path / "other.gguf", vocab=300)
+    with pytest.raises(RiverError, match="vocabulary"):
+        ex.drafter = str(other)
+    assert ex.drafter == "river"
+
+
+def test_free_drafts_choose_longer_k():
+    """The same batch-cost curve: a drafter that costs nothing is worth a longer draft than the river."""
+    cm = CostModel(draft_s=0.3, verify_s=[0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8])
+    assert cm.best_k(0.7, 8, "ngram") > cm.best_k(0.7, 8, "river") >= 1
+    cm.observe(0, 0.05, "model:x")
+    assert 0.05 < cm.step_s("model:x") < 0.3      # a median with the starting guess, not the guess
+    assert np.isclose(cm.step_s("river"), 0.3)
