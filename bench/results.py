@@ -26,7 +26,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 SMOL, QWEN, QWEN15 = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
-MODES = "exact,gated,river,fast,backbone,shipped,q8_0,q4_0"
+PLAIN = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
+MODES = "exact,exact:ngram,exact:river+ngram,gated,river,fast,backbone," + PLAIN
+# the 1.5B: exact mode only (no thresholds needed), each drafter, over the F16 upcast and over the shipped file
+MODES_15 = "exact,exact:ngram,exact:river+ngram,exact:draft,backbone," + PLAIN
+MODES_KEEP = "exact,exact:river+ngram,backbone,shipped"
+KEEP_RIVER = "q3_k"
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}
 LONG_PROMPT = "Write a detailed, well-structured essay on the history of computing, from the abacus to modern GPUs."
@@ -51,10 +56,26 @@ def step_calibration(out: Path, limit: int | None, model: str) -> dict:
     return json.loads(src.read_text())
 
 
-def step_modes(out: Path, limit: int | None, model: str) -> dict:
+def _exact_river(model: str, backbone: str = "f16") -> Path:
+    """A river GGUF for exact mode alone (thresholds +inf: exact mode drafts on the river, never exits)."""
+    from river_edge import zoo
+    from river_edge.defaults import build_calibrated_river, default_river_path
+    path = default_river_path(model)
+    if backbone == "keep":   # over the shipped file's own tensors, a lower-bit river
+        path = path.with_name(f"{model}.keep-{KEEP_RIVER}.river.gguf")
+    if not path.is_file():
+        kw = dict(backbone="keep", river=KEEP_RIVER, head="q4_k") if backbone == "keep" else {}
+        build_calibrated_river(zoo.prepare(model), path, target=None, progress=_say, **kw)
+    return path
+
+
+def step_modes(out: Path, limit: int | None, model: str, modes: str = MODES, backbone: str | None = None,
+               max_rounds: int | None = None) -> dict:
     from river_edge import bench_modes as M
-    kw = dict(tokens=12, rounds=1, n_prompts=1) if limit else {}
-    return M.run(_river(model), M.parse_modes(MODES), progress=_say, **kw)
+    kw = dict(tokens=12, rounds=1, max_rounds=1, n_prompts=1) if limit else \
+        dict(max_rounds=max_rounds) if max_rounds else {}
+    path = _exact_river(model, backbone) if backbone else _river(model)
+    return M.run(path, M.parse_modes(modes), progress=_say, **kw)
 
 
 def step_runtime(out: Path, limit: int | None, model: str) -> dict:
@@ -91,10 +112,7 @@ def step_long(out: Path, limit: int | None, model: str) -> dict:
 
 def step_spec_compare(out: Path, limit: int | None, model: str) -> dict:
     from river_edge import zoo
-    from river_edge.defaults import build_calibrated_river, default_river_path
-    path = default_river_path(QWEN15)
-    if not path.is_file():   # exact mode needs no thresholds: the river and its head only
-        build_calibrated_river(zoo.prepare(QWEN15), path, target=None, progress=_say)
+    path = _exact_river(QWEN15)
     draft = zoo.prepare(QWEN)
     args = ["--river", str(path), "--draft", str(draft), "--name", QWEN15, "--out", str(out)]
     args += ["--rounds", "1", "--tokens", "12"] if limit else ["--rounds", "8"]
@@ -107,6 +125,9 @@ STEPS = {
     f"calibration_{QWEN}": (step_calibration, dict(model=QWEN)),
     f"modes_{SMOL}": (step_modes, dict(model=SMOL)),
     f"modes_{QWEN}": (step_modes, dict(model=QWEN)),
+    # the 1.5B's rounds capped: about 5 minutes each on 2 cores
+    f"modes_{QWEN15}": (step_modes, dict(model=QWEN15, modes=MODES_15, backbone="f16", max_rounds=5)),
+    f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=MODES_KEEP, backbone="keep", max_rounds=4)),
     f"quality_{SMOL}": (step_quality, dict(model=SMOL)),
     f"quality_{QWEN}": (step_quality, dict(model=QWEN)),
     f"runtime_{SMOL}": (step_runtime, dict(model=SMOL)),
@@ -170,20 +191,32 @@ def _calibration(c: dict, model: str) -> list[str]:
     return out + [""]
 
 
+def _host(m: dict) -> str:
+    """The host line every speed table carries: figures from other hosts never share a table."""
+    cpu = (m.get("host") or {}).get("cpu") or {}
+    isa = [x for x in cpu.get("isa", []) if x in ("avx2", "avx512f", "amx_tile", "neon")]
+    bt = sorted({b for f in (m.get("buffer_types") or {}).values() for kinds in f.values() for b in kinds})
+    return (f"host {cpu.get('model', 'not recorded')}" + (f" ({', '.join(isa)})" if isa else "") +
+            f", {m['threads']} threads, load {m['load_before']['loadavg_1_5_15'][0]}" +
+            (f", weights in {'/'.join(bt)} buffers" if bt else ""))
+
+
 def _modes(m: dict) -> list[str]:
     out = [f"**Decoding modes, {m['model']}** (`river bench {m['model']} --mode {','.join(m['configs'])}`; {m['tokens']} greedy tokens "
-           f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process, "
-           f"{m['threads']} threads, load {m['load_before']['loadavg_1_5_15'][0]}):", "",
-           "| config | tok/s | x backbone (median) | min-max | runs identical to backbone | notes |",
-           "|---|---|---|---|---|---|"]
+           f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process; "
+           f"{_host(m)}):", "",
+           "| config | tok/s | x backbone (median, 95% CI) | request x backbone | peak MiB | runs identical to backbone | notes |",
+           "|---|---|---|---|---|---|---|"]
     from river_edge.bench_modes import note
     for c, d in m["configs"].items():
-        out.append(f"| {c} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f} | {d['ratio_min']:.2f}-{d['ratio_max']:.2f} "
-                   f"| {d['identical_runs']}/{d['runs']} | {note(c, d, m)} |")
+        lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
+        mem = (d.get("memory") or {}).get("peak_mib")
+        out.append(f"| {c} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f} ({lo:.2f}-{hi:.2f}) | "
+                   f"{_x(d.get('request_ratio_median'))} | {_x(mem, '{:.0f}')} | {d['identical_runs']}/{d['runs']} | {note(c, d, m)} |")
     ex = m["configs"].get("exact", {}).get("cost_model")
     if ex:
         v = ex["verify_ms_used"]
-        out += ["", f"Exact mode's cost model on this machine: draft step {ex['draft_ms']:.1f} ms, backbone batch of "
+        out += ["", f"Exact mode's cost model on this host: draft step {ex['draft_ms']:.1f} ms, backbone batch of "
                 f"1..{len(v)} tokens " + ", ".join(f"{x:.0f}" for x in v) + " ms. On hardware where a batch of 5 "
                 "costs about one step (GPU, Metal, more cores) the same acceptance gives more: speed-up = "
                 "E(k) / (k draft + verify(k+1)) with E(k) = (1 - a^(k+1)) / (1 - a)."]
@@ -468,6 +501,61 @@ def _headline(out: Path) -> list[str]:
     return (["**In short:**", ""] + [x for x in h if x] + [""]) if h else []
 
 
+def _vs(m: dict, c: str, ref: str) -> float | None:
+    """Median over (round, prompt) of config c's tok/s over ref's in the same round and prompt."""
+    if ref not in m["configs"]:
+        return None
+    return float(np.median([r["tok_s"][c] / r["tok_s"][ref] for r in m["rows"]]))
+
+
+HEADLINE_MODELS = ((SMOL, SMOL), (QWEN, QWEN), (QWEN15, QWEN15), (f"{QWEN15}-keep", f"{QWEN15}, river over the shipped weights"))
+
+
+def headline(out: Path) -> list[str]:
+    """README's first table: exact mode against the files a user would run instead, with memory beside speed."""
+    rows, hosts = [], set()
+    for key, label in HEADLINE_MODELS:
+        m = _load(out, f"modes_{key}")
+        if not m:
+            continue
+        hosts.add(_host(m).split(", load")[0])
+        for c, d in m["configs"].items():
+            if not (c == "backbone" or c.startswith("exact") or c in PLAIN.split(",")):
+                continue
+            lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
+            mem = (d.get("memory") or {}).get("peak_mib")
+            name = {"backbone": "backbone (F16 upcast)" if "keep" not in key else "backbone (shipped weights)",
+                    "shipped": "the shipped file"}.get(c, c)
+            rows.append(f"| {label} | {name} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) | "
+                        f"{_x(_vs(m, c, 'shipped'), '{:.2f}x')} | {d['identical_runs']}/{d['runs']} | "
+                        f"{d['file_mib']:.0f} | {_x(mem, '{:.0f}')} |")
+    if not rows:
+        return []
+    return [f"Greedy decoding, {'; '.join(sorted(hosts))} (one host per table: ratios move a lot between hosts). "
+            "Every configuration alternates in one process on the same chat prompts; median over rounds and prompts "
+            "with a bootstrap 95% interval. *Same text*: runs whose every token equals the backbone's. The offline models "
+            "ship quantized and the backbone is their F16 upcast, the same values as the shipped file, so a speed-up "
+            "over the backbone is not one over the file you have: that is the next column. Q8_0/Q4_K_M/Q4_0 are "
+            "llama-quantize of the backbone. Peak memory: a fresh process loading the file(s) and generating.", "",
+            "| model | config | tok/s | x backbone (95% CI) | x shipped file | same text as backbone | file MiB | peak MiB |",
+            "|---|---|---|---|---|---|---|---|", *rows, "",
+            "Generated by `python bench/results.py report` from `bench/results/modes_*.json`; details and every other "
+            "figure in [docs/results.md](docs/results.md)."]
+
+
+HEADLINE = ("<!-- headline:begin (generated by `python bench/results.py report`) -->", "<!-- headline:end -->")
+
+
+def _replace_block(page: Path, markers: tuple[str, str], text: str) -> None:
+    body = page.read_text()
+    b, e = markers
+    if b not in body or e not in body:
+        raise SystemExit(f"{page}: no {b.split(' ')[1]} markers")
+    head, rest = body.split(b, 1)
+    _, tail = rest.split(e, 1)
+    page.write_text(head + b + "\n" + text + e + tail)
+
+
 BEGIN, END = "<!-- results:begin (generated by `python bench/results.py report`) -->", "<!-- results:end -->"
 
 
@@ -504,6 +592,12 @@ def report(out: Path, readme: Path) -> str:
             lines += _runtime(r) + [f"![runtime](bench/results/runtime_{model}.png)", ""]
         if lr := _load(out, f"longrun_{model}"):
             lines += _long(lr, model) + [f"![longrun](bench/results/longrun_{model}.png)", ""]
+    for key in (QWEN15, f"{QWEN15}-keep"):
+        if modes := _load(out, f"modes_{key}"):
+            from river_edge import bench_modes as M
+            lines += _modes(modes)
+            M.figure(modes, out / f"modes_{key}.png")
+            lines += [f"![modes](bench/results/modes_{key}.png)", ""]
     evals = {t: e for t in FULL if (e := _load(out, f"eval_{QWEN}_{t}"))}
     if evals:
         lines += _eval(evals)
@@ -515,12 +609,9 @@ def report(out: Path, readme: Path) -> str:
     if readme is not None:   # plots linked relative to the page they appear in
         rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
         text = text.replace("](bench/results/", f"]({rel}/")
-        body = readme.read_text()
-        if BEGIN not in body or END not in body:
-            raise SystemExit(f"{readme}: no results markers")
-        head, rest = body.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        readme.write_text(head + BEGIN + "\n" + text + END + tail)
+        _replace_block(readme, (BEGIN, END), text)
+        if (h := headline(out)) and readme.resolve() == (ROOT / "docs" / "results.md").resolve():
+            _replace_block(ROOT / "README.md", HEADLINE, "\n".join(h) + "\n")
     return text
 
 

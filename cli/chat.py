@@ -25,6 +25,10 @@ def chat(
     gate: Annotated[Optional[float], typer.Option(
         "--gate", min=0.0, callback=finite, show_default="the GGUF's river.gate_entropy",
         help="Gated mode: re-decode on the backbone where the river's output entropy (nats) is at least this.")] = None,
+    drafter: Annotated[Optional[str], typer.Option(
+        "--drafter", show_default="river",
+        help="Exact mode's drafter: river, ngram (prompt lookup), river+ngram, or a draft model's GGUF (same "
+             "vocabulary). The output is the backbone's whichever drafts.")] = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
     prompt: Annotated[Optional[str], typer.Option(
         "--prompt", "-p", help="Answer this one message and exit (scripts, `make demo`).")] = None,
@@ -53,11 +57,14 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
         raise typer.BadParameter("give --mode or --no-river, not both", param_hint="'--mode'")
     if gate is not None and (mode is None or mode.value != "gated"):
         raise typer.BadParameter("--gate needs --mode gated", param_hint="'--gate'")
+    if drafter is not None and (mode is None or mode.value != "exact"):
+        raise typer.BadParameter("--drafter needs --mode exact", param_hint="'--drafter'")
     with in_cache(cache_dir):
         with Bars() as bars:
             path = model_path(model, bars)
     llm = load(path, tau=tau, river=not no_river, threads=threads, n_ctx=ctx, seed=seed,
-               mode=mode.value if mode is not None else None, **({"gate": gate} if gate is not None else {}))
+               mode=mode.value if mode is not None else None, **({"gate": gate} if gate is not None else {}),
+               **({"drafter": drafter} if drafter is not None else {}))
     if tau is not None and not llm.has_river:
         fail(f"{path}: --tau needs a river GGUF (this one has no river)")
     session = Chat(llm, out=sys.stdout, system=system, max_tokens=max_tokens, color=color_depth,

@@ -26,6 +26,9 @@ from .format import RiverError
 
 NAMED = ("river", "ngram", "river+ngram")
 NGRAM_MAX = 3
+# a verification batch whose logits depart from one-token decoding by more than this (x4 headroom, in logits)
+# is not chosen: its near-ties would be settled by one-token decodes so often that it cannot pay
+ROUNDING = 0.1
 
 
 @dataclass
@@ -34,6 +37,7 @@ class CostModel:
     verify_s: list[float]               # verify_s[n]: backbone batch of n tokens; [0] unused
     backbone_s: float = 0.0             # one backbone step (= verify_s[1])
     tie: float = 0.0                    # batch rounding: max |logit| change of a row decoded in a batch
+    ties: list = field(default_factory=list)      # the same per batch size (x4 headroom); [1] = 0: a one-token decode
     other_s: dict = field(default_factory=dict)   # per-token cost of drafters other than the river
     _obs: dict = field(default_factory=dict)
 
@@ -74,13 +78,20 @@ class CostModel:
         e = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
         return e / (k * self.step_s(drafter) + (curve or self.curve())[k + 1])
 
+    def usable(self, n: int) -> bool:
+        """A batch of n verifies with one-token arithmetic up to rounding."""
+        return n <= 1 or n >= len(self.ties) or self.ties[n] <= ROUNDING
+
     def best_k(self, a: float, kmax: int, drafter: str = "river") -> int:
         c = self.curve()
-        return max(range(0, min(kmax, len(self.verify_s) - 2) + 1), key=lambda k: self.rate(k, a, c, drafter))
+        ks = [k for k in range(0, min(kmax, len(self.verify_s) - 2) + 1) if self.usable(k + 1)]
+        return max(ks, key=lambda k: self.rate(k, a, c, drafter))
 
     def as_dict(self) -> dict:
         return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]],
                 "verify_ms_used": [v * 1e3 for v in self.curve()[1:]],
+                "batch_deviation": [t / 4 for t in self.ties[1:]],
+                "usable_batch": [self.usable(n) for n in range(1, len(self.verify_s))],
                 **({"other_draft_ms": {k: v * 1e3 for k, v in self.other_s.items()}} if self.other_s else {})}
 
 

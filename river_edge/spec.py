@@ -228,25 +228,32 @@ class Spec:
                 self._rm(pos)
             return float(min(out[1:]))          # min: robust to a shared machine's spikes
 
-        first = {}   # row 0 of a batch of n: the same context for every n, so any change is rounding
+        # every row of a verification batch against the same position decoded alone (as backbone mode
+        # decodes): rounding where the batch takes the same kernels, more where ggml switches to its batched
+        # ones (k-quants on CPU: up to 0.4 logits from 2-4 rows on)
+        single = []
+        dev = [0.0] * (n_max + 1)
 
         def verify_step(n):
             rows = self._decode([tok] * n, pos, True)
-            first.setdefault(n, np.array(rows[0]))
+            dev[n] = max(dev[n], max(float(np.abs(rows[i] - single[i]).max()) for i in range(n)))
 
         try:
             self._force(-1)
             draft = t(lambda: self._decode([tok], pos, False).argmax(), 4)
             self._force(L - 1)
+            for i in range(n_max):
+                single.append(np.array(self._decode([tok], pos + i, False)[0]))
+            self._rm(pos)
             verify = [0.0] + [t(lambda n=n: verify_step(n), 3) for n in range(1, n_max + 1)]
         finally:
             self._force(L - 1)
             self._rm(pos)
         verify = [float(v) for v in np.maximum.accumulate(verify)]   # a bigger batch never costs less: noise
-        # a top-2 margin within this of a tie may flip with the batch size: such positions are settled
-        # by a one-token decode, as backbone mode decodes (x4 headroom over what this probe saw)
-        tie = 4.0 * max((float(np.abs(r - first[1]).max()) for r in first.values()), default=0.0)
-        cm = _COSTS[key] = CostModel(draft, verify, verify[1], tie)
+        # a top-2 margin within this of a tie may flip between the batch and a one-token decode: such
+        # positions are settled by a one-token decode (x4 headroom over what this probe saw)
+        ties = [4.0 * d for d in dev]
+        cm = _COSTS[key] = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties)
         return cm
 
     # -- generate --------------------------------------------------------------------------------
@@ -421,7 +428,8 @@ class Spec:
                     while j < len(drafts) and drafts[j] == g[j]:
                         j += 1
                     out = drafts[:j] + [int(g[j])]
-                    tie = next((i for i in range(j + 1) if margin(rows[i]) <= cm.tie), None)
+                    bound = cm.ties[len(batch)] if len(batch) < len(cm.ties) else cm.tie
+                    tie = next((i for i in range(j + 1) if margin(rows[i]) <= bound), None) if bound else None
                     if tie is not None:
                         # a near-tie: the batch's rounding may decide it, so decode that position alone,
                         # as backbone mode does, and let that row decide (the rows before it stand)

@@ -109,6 +109,18 @@ def test_cli_errors(tiny_llama, tiny_llama_base, tmp_path):
     run("chat", tiny_llama, "--tau", "0.5", "--no-river", code=2)
     run("chat", tiny_llama, "--mode", "nope", code=2)
     assert "--gate needs --mode gated" in run("chat", tiny_llama, "--gate", "1", "-p", "x", code=2).stderr
+    assert "--drafter needs --mode exact" in run("chat", tiny_llama, "--drafter", "ngram", "-p", "x", code=2).stderr
+    r = run("chat", tiny_llama, "--mode", "exact", "--drafter", "medusa", "-p", "x", code=1)
+    assert "unknown drafter 'medusa'" in r.stderr and "Traceback" not in r.stderr
     run("chat", tiny_llama, "--mode", "gated", "--gate", "-1", "-p", "x", code=2)
     r = run("chat", tiny_llama_base, "--tau", "0.5", "-p", "x", code=1)
     assert "river" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_drafter(tiny_llama):
+    """Exact mode answers with the backbone's text whichever drafts."""
+    def answer(*a):
+        return run("chat", tiny_llama, *a, "-p", "one two one two one", "-n", "16", "--temp", "0").stdout.splitlines()[0]
+    backbone = answer("--mode", "backbone")
+    assert answer("--mode", "exact", "--drafter", "ngram") == backbone
+    assert answer("--mode", "exact", "--drafter", "river+ngram") == backbone
