@@ -27,9 +27,9 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 SMOL, QWEN, QWEN15 = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 PLAIN = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
-MODES = "exact,exact:ngram,exact:river+ngram,gated,river,fast,backbone," + PLAIN
+MODES = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,gated,river,fast,backbone," + PLAIN
 # the 1.5B: exact mode only (no thresholds needed), each drafter, over the F16 upcast and over the shipped file
-MODES_15 = "exact,exact:ngram,exact:river+ngram,exact:draft,backbone," + PLAIN
+MODES_15 = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,exact:draft,backbone," + PLAIN
 MODES_KEEP = "exact,exact:river+ngram,backbone,shipped"
 KEEP_RIVER = "q3_k"
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
@@ -123,8 +123,8 @@ def step_spec_compare(out: Path, limit: int | None, model: str) -> dict:
 STEPS = {
     f"calibration_{SMOL}": (step_calibration, dict(model=SMOL)),
     f"calibration_{QWEN}": (step_calibration, dict(model=QWEN)),
-    f"modes_{SMOL}": (step_modes, dict(model=SMOL)),
-    f"modes_{QWEN}": (step_modes, dict(model=QWEN)),
+    f"modes_{SMOL}": (step_modes, dict(model=SMOL, max_rounds=6)),
+    f"modes_{QWEN}": (step_modes, dict(model=QWEN, max_rounds=6)),
     # the 1.5B's rounds capped: about 5 minutes each on 2 cores
     f"modes_{QWEN15}": (step_modes, dict(model=QWEN15, modes=MODES_15, backbone="f16", max_rounds=5)),
     f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=MODES_KEEP, backbone="keep", max_rounds=4)),

@@ -174,7 +174,8 @@ def prepare_files(river_path: Path, progress: Progress | None = None,
     files = {"river": river_path,
              "plain-f16": _derive(river_path, folder / f"{stem}.backbone.gguf", "backbone", say)}
     for q in plain:   # llama-quantize of the F16 backbone (the shipped file's values, upcast)
-        files[q] = _derive(files["plain-f16"], folder / f"{stem}.plain.{q}.gguf", q, say)
+        same = q == info.get("backbone_type")   # a Q8_0 backbone is its own plain Q8_0 (no requantizing)
+        files[q] = files["plain-f16"] if same else _derive(files["plain-f16"], folder / f"{stem}.plain.{q}.gguf", q, say)
     if shipped and base is not None:
         files["shipped"] = base   # the file the user already has: the river's source, as it was downloaded
     notes = {

@@ -4,7 +4,8 @@ Every mode of one RiverLlama (river_edge/spec.py) and the files a user would run
 Q4_0 made by llama-quantize from the F16 backbone, and the shipped file itself), greedy through `generate()`
 (the path chat, completions and the server take), on the same chat prompts, in one process, the order
 rotating every round. Exact mode runs with each drafter through the same loop and cost model
-(`exact` the river, `exact:ngram` prompt lookup, `exact:river+ngram`, `exact:draft` a separate draft model).
+(`exact` the river, `exact:ngram` prompt lookup, `exact:ngram-cache`, `exact:river+ngram`, `exact:draft` a
+separate draft model).
 Per configuration: median over (round, prompt) of its tok/s divided by the backbone's tok/s of the same
 round and prompt, with a bootstrap 95% interval; rounds are added until every interval is within
 +-`ci` of its median (or `max_rounds`); how many of its tokens equal the backbone's (exact mode must give
@@ -24,7 +25,7 @@ from .format import RiverError
 from .spec import MODES
 
 PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
-SPEC = ("exact:ngram", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
+SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
 CONFIGS = MODES + SPEC + PLAIN
 DRAFTS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}    # the zoo's default draft model per model
 DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4, max_rounds=12, ci=0.05)
@@ -132,7 +133,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     if not llm.has_river:
         raise RiverError(f"{river_path}: the runtime sees no river in it (is the patched llama-cpp-python installed?)")
     plain = {q: load(files[q]) for q in cfgs if q in PLAIN}
-    drafter = {"exact": "river", "exact:ngram": "ngram", "exact:river+ngram": "river+ngram"}
+    drafter = {c: (c.split(":") + ["river"])[1] for c in cfgs if c.startswith("exact") and c != "exact:draft"}
     if "draft" in files:
         drafter["exact:draft"] = DraftModel(files["draft"], llm)
 

@@ -7,6 +7,8 @@ backbone in one batch, keep the longest agreeing prefix plus the backbone's own 
   ngram        prompt lookup (Saxena 2023; llama.cpp's `--lookup`, `ngram` speculation): the tokens that
                followed the most recent earlier occurrence of the context's last n tokens (n = 3, 2, 1).
                Costs no model step, so its k is chosen with a free draft.
+  ngram-cache  an n-gram cache (llama.cpp's `lookup` with its context cache): per n-gram, how often each token
+               followed it; the draft chains the most frequent continuation of the longest known suffix
   river+ngram  the n-gram continuation where the context has one, the river where it has none
   a GGUF path  a separate draft model with the same vocabulary (e.g. Qwen2.5-Coder-0.5B for the 1.5B), in
                its own context, kept in step with the accepted tokens
@@ -24,7 +26,8 @@ import numpy as np
 
 from .format import RiverError
 
-NAMED = ("river", "ngram", "river+ngram")
+NAMED = ("river", "ngram", "ngram-cache", "river+ngram")
+FREE = ("ngram", "ngram-cache")      # drafters that cost no model step
 NGRAM_MAX = 3
 # a verification batch whose logits depart from one-token decoding by more than this (x4 headroom, in logits)
 # is not chosen: its near-ties would be settled by one-token decodes so often that it cannot pay
@@ -45,7 +48,7 @@ class CostModel:
         if drafter == "river":
             return self.draft_s
         # a drafter never observed starts at the river's cost; its own cycles correct it within a few
-        return self.other_s.get(drafter, 0.0 if drafter == "ngram" else self.draft_s)
+        return self.other_s.get(drafter, 0.0 if drafter in FREE else self.draft_s)
 
     def observe(self, n: int, dt: float, drafter: str = "river") -> None:
         """Online update from a real cycle: n = 0 a draft step (of `drafter`), n >= 1 a verification of n
@@ -122,6 +125,36 @@ class Ngram:
             if s is not None:
                 return t[s:s + k]
         return []
+
+
+class NgramCache(Ngram):
+    """Counts instead of the latest occurrence: for every n-gram (n = 1..n_max) how often each token followed
+    it; a draft chains the most frequent continuation of the longest suffix seen before (its own drafts
+    included), so it can run past the end of any single earlier occurrence."""
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            self.toks.append(int(t))
+            m = len(self.toks)
+            for n in range(1, self.n_max + 1):
+                if m - 1 - n >= 0:
+                    c = self.idx[n].setdefault(tuple(self.toks[m - 1 - n:m - 1]), {})
+                    c[self.toks[m - 1]] = c.get(self.toks[m - 1], 0) + 1
+
+    def propose(self, k: int) -> list[int]:
+        t, out = self.toks, []
+        while len(out) < k:
+            ctx = (t[-self.n_max:] + out)[-self.n_max:]
+            nxt = None
+            for n in range(min(self.n_max, len(ctx)), 0, -1):
+                c = self.idx[n].get(tuple(ctx[-n:]))
+                if c:   # most frequent; ties to the token seen most recently first (dicts keep insertion order)
+                    nxt = max(reversed(list(c)), key=c.get)
+                    break
+            if nxt is None:
+                break
+            out.append(nxt)
+        return out
 
 
 class DraftModel:

@@ -46,7 +46,7 @@ Exactness
     draft_model: exact mode then decodes on the backbone alone with llama.cpp's own sampler (still exact,
     no speed-up) and stats()["spec_off"] says why.
 
-Drafters (river_edge/drafters.py): the river by default; prompt lookup ("ngram"), "river+ngram", or a separate
+Drafters (river_edge/drafters.py): the river by default; prompt lookup ("ngram", "ngram-cache"), "river+ngram", or a separate
 draft model (`llm.drafter = "draft.gguf"`), all through this one loop, so exactness holds for each alike.
 
 Choosing k: tokens per cycle E(k) = (1 - a^(k+1)) / (1 - a) for a per-token acceptance a (a decayed running
@@ -65,7 +65,7 @@ import llama_cpp
 import numpy as np
 
 from . import format as F
-from .drafters import CostModel, DraftModel, Ngram, resolve
+from .drafters import FREE, CostModel, Ngram, NgramCache, resolve
 from .format import RiverError
 from .sampling import Transform, accept, entropy, margin, processed_probs  # noqa: F401 (re-exported)
 
@@ -234,8 +234,12 @@ class Spec:
         single = []
         dev = [0.0] * (n_max + 1)
 
+        # distinct tokens, as a real draft has (a batch of one token repeated can hide the difference)
+        ctx = [int(x) for x in self.llm.input_ids[max(0, pos - n_max + 1):pos]]
+        seq = ([tok] + ctx[::-1] + [tok] * n_max)[:n_max]
+
         def verify_step(n):
-            rows = self._decode([tok] * n, pos, True)
+            rows = self._decode(seq[:n], pos, True)
             dev[n] = max(dev[n], max(float(np.abs(rows[i] - single[i]).max()) for i in range(n)))
 
         try:
@@ -243,7 +247,7 @@ class Spec:
             draft = t(lambda: self._decode([tok], pos, False).argmax(), 4)
             self._force(L - 1)
             for i in range(n_max):
-                single.append(np.array(self._decode([tok], pos + i, False)[0]))
+                single.append(np.array(self._decode([seq[i]], pos + i, False)[0]))
             self._rm(pos)
             verify = [0.0] + [t(lambda n=n: verify_step(n), 3) for n in range(1, n_max + 1)]
         finally:
@@ -355,16 +359,17 @@ class Spec:
             return
         llm.input_ids[n] = pending
         cm = self.costs(pending, n)
-        ngram = Ngram(llm.input_ids[:n + 1]) if "ngram" in self.drafter_name else None
+        ngram = (NgramCache if self.drafter_name == "ngram-cache" else Ngram)(llm.input_ids[:n + 1]) \
+            if "ngram" in self.drafter_name else None
         try:
             while n < n_ctx:
                 src, cands = self._source(self.drafter_name.split("+")[0]), None
                 if ngram is not None:
                     cands = ngram.propose(self.kmax)
-                    if cands or self.drafter_name == "ngram":
-                        src = "ngram"
+                    if cands or self.drafter_name in FREE:
+                        src = self.drafter_name if self.drafter_name in FREE else "ngram"
                 k = cm.best_k(self.acceptance_of(src), self.kmax, src)
-                if k == 0 and src != "ngram":
+                if k == 0 and src not in FREE:
                     self._zero_run += 1
                     if self._zero_run >= 16:      # probe now and then: the acceptance may have changed
                         k, self._zero_run = 1, 0
@@ -372,12 +377,12 @@ class Spec:
                     self._zero_run = 0
                 if self.fixed_k is not None:
                     k = self.fixed_k() if callable(self.fixed_k) else self.fixed_k
-                if cands is not None and src == "ngram":
+                if cands is not None and src in FREE:
                     k = min(k, len(cands))
                 # the verification batch (k + 1 tokens) must fit the context and llama.cpp's n_batch
                 k = max(0, min(k, n_ctx - n - 1, llm.n_batch - 1))
                 drafts, qs = [], []
-                if k and src == "ngram":        # free drafts: one-hot proposals (q = 1 on the token)
+                if k and src in FREE:           # free drafts: one-hot proposals (q = 1 on the token)
                     for d in cands[:k]:
                         drafts.append(int(d))
                         if not greedy:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from river_edge.drafters import CostModel, Ngram
+from river_edge.drafters import CostModel, Ngram, NgramCache
 from river_edge.format import RiverError
 from river_edge.gguf_tools.convert import plain
 from river_edge.runtime import RiverLlama
@@ -38,14 +38,25 @@ def test_ngram_index_finds_the_latest_longest_match():
     assert Ngram([4, 4]).propose(3) == [4]   # a continuation stops at the context's end
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "river+ngram"])
+def test_ngram_cache_chains_the_most_frequent_continuation():
+    g = NgramCache([7, 1, 2, 7, 1, 3, 7, 1, 2, 9], n_max=2)
+    # after "9" nothing is known; after "... 7 1" the cache says 2 (twice) over 3 (once)
+    assert g.propose(3) == []
+    g.extend([7, 1])
+    # "1 2" went on to 7 and to 9: a tie, broken towards the latest (9); then "2 9" -> 7 (seen since), "9 7" -> 1
+    assert g.propose(4) == [2, 9, 7, 1]
+    assert len(g.propose(6)) == 6
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "ngram-cache", "river+ngram"])
 def test_ngram_drafters_are_exact_and_draft(model, drafter):
     ref, ex = _llm(model, "backbone"), _llm(model, "exact", drafter=drafter)
     ex._spec.fixed_k = 4     # the cost model's choice depends on this machine's timings; proposals are capped by it
     for p in PROMPTS:
         assert _gen(ex, p) == _gen(ref, p)
     by = ex.stats()["by_drafter"]
-    assert by["ngram"]["drafted"] > 0 and by["ngram"]["accepted"] > 0
+    src = "ngram-cache" if drafter == "ngram-cache" else "ngram"
+    assert by[src]["drafted"] > 0 and by[src]["accepted"] > 0
     if drafter == "river+ngram":   # where the context has no match the river drafts
         _gen(ex, [1, 2, 77], n=8)
         assert ex.stats()["by_drafter"]["river"]["drafted"] > 0
