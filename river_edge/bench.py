@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from . import zoo
+from . import format as F
 from .format import RiverError
 
 Progress = Callable[[str, int, int], None]
@@ -435,7 +436,7 @@ def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
         if c.river:
             h = np.sum([x["hist"] for x in d], axis=0)
             row["exit_histogram"] = h.tolist()  # counts[e + 1]: decode ubatches that exited after layer e
-            row["mean_depth"] = float((h * np.arange(L + 1)).sum() / max(h.sum(), 1))
+            row["mean_depth"] = F.mean_depth(h)
             row["decision_share"] = sum(x["decision_s"] for x in d) / sum(x["seconds"] for x in d)
             row["prefill_exit_layers"] = sorted({x.get("exit") for x in p if x.get("exit") is not None})
         else:
@@ -462,7 +463,7 @@ def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
     rule = []
     for x, a, b in zip(dec["river"], ar, bbd):
         h = np.asarray(x["hist"])
-        f = float((h * np.arange(L + 1)).sum() / max(h.sum(), 1)) / L
+        f = F.mean_depth(h) / L
         rule.append((1 / x["tps"]) / ((1 / a["tps"]) + f * (1 / b["tps"] - 1 / a["tps"])))
     rows["river"]["ratio_to_ideal_at_depth"] = _median(rule)
     targets = {

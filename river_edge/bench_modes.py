@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import bench as B
+from . import format as F
 from .format import RiverError
 from .spec import MODES
 
@@ -254,7 +255,7 @@ def _telemetry(c: str, sts: list[dict], n_layer: int) -> dict:
         return {"fallback_rate": fb / max(toks, 1), "gate_entropy": sts[-1].get("gate_entropy")}
     if c == "river":
         h = np.sum([s["hist"] for s in sts], axis=0)
-        return {"mean_depth": float((h * np.arange(n_layer + 1)).sum() / max(h.sum(), 1)), "hist": h.tolist()}
+        return {"mean_depth": F.mean_depth(h), "hist": h.tolist()}
     return {}
 
 

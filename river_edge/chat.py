@@ -18,6 +18,7 @@ from typing import Iterable, Sequence, TextIO
 
 import numpy as np
 
+from . import format as F
 from .format import RiverError
 
 RESET = "\x1b[0m"
@@ -131,7 +132,7 @@ class Meter:
         if not n:
             ex = self.exits
             return float(np.mean(ex) + 1) if ex else float(self.n_layer)
-        return float((h * np.arange(len(h))).sum() / n)
+        return F.mean_depth(h)
 
 
 def color_of(exit_layer: int | None, n_layer: int) -> str:
@@ -270,8 +271,7 @@ class Chat:
             return "no answers yet"
         tok_s = s.decode_steps / s.decode_seconds if s.decode_seconds > 0 else 0.0
         h = s.hist if s.hist is not None else np.zeros(self.n_layer + 1, dtype=np.int64)
-        n = int(h.sum())
-        depth = float((h * np.arange(len(h))).sum() / n) if n else float(self.n_layer)
+        depth = F.mean_depth(h, empty=self.n_layer)
         return (f"{s.answers} answers, {s.tokens} tokens, {tok_s:.1f} tok/s decode, backbone depth "
                 f"{depth:.1f}/{self.n_layer} ({self.label()}); {histogram_summary(h, self.n_layer)}")
 

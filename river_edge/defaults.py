@@ -25,7 +25,7 @@ Progress = Callable[[str, int, int], None]
 
 # What `river build` fits to unless told otherwise: a quality budget, mean KL of the next-token
 # distribution against the backbone. On SmolLM2-135M with a Q4_0 river all-river costs about 0.12 and
-# exits at random with half the layers about 0.05 (docs/design.md §5), so this asks for roughly that.
+# exits at random with half the layers about 0.05 (docs/design.md §6), so this asks for roughly that.
 DEFAULT_TARGET = Target("kl", 0.05)
 DEFAULT_BACKBONE = "f16"
 DEFAULT_RIVER = "q4_0"

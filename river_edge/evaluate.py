@@ -39,7 +39,7 @@ from .format import RiverError
 Progress = Callable[[str, int, int], None]
 TASKS = ("gsm8k", "math", "humaneval")
 PROMPT_VERSION = 1  # bump when a prompt or an extraction rule changes: old results then do not resume
-HUMANEVAL_DEFAULT_LIMIT = 80  # problems 0-79 by default (docs/design.md §4: develop on the first 80)
+HUMANEVAL_DEFAULT_LIMIT = 80  # problems 0-79 by default (docs/design.md §5: develop on the first 80)
 
 
 # -- data ----------------------------------------------------------------------------------------------
@@ -596,8 +596,7 @@ def summarize(rows: list[dict], configs: Sequence[str], *, settings: Settings, n
         steps = sum(r["decode_steps"] for r in rs)
         secs = sum(r["decode_s"] for r in rs)
         hist = np.sum([np.asarray(r["hist"]) for r in rs], axis=0) if rs else np.zeros(n_layer + 1)
-        n_h = int(np.sum(hist))
-        depth = float((hist * np.arange(len(hist))).sum() / n_h) if n_h else float(n_layer)
+        depth = F.mean_depth(hist, empty=n_layer)
         tok_s = steps / secs if secs > 0 else 0.0
         if c == "backbone":
             base_tok_s = tok_s

@@ -113,3 +113,11 @@ def check_gate(v, what: str = "gate") -> float:
     if not (x >= 0.0):
         raise RiverError(f"{what} {x} out of range: an entropy gate is >= 0 nats, or inf")
     return x
+
+
+def mean_depth(hist, empty: float = 0.0) -> float:
+    """Mean backbone layers per step of an exit histogram (llama_river_get_histogram: counts[e + 1] = steps that
+    exited after layer e, so index i means i backbone layers); `empty` when it counts nothing."""
+    counts = [float(x) for x in hist]
+    n = sum(counts)
+    return sum(i * c for i, c in enumerate(counts)) / n if n else float(empty)

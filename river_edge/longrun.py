@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import format as F
 from .format import RiverError
 from .host import host
 
@@ -69,7 +70,7 @@ def _summary(kl: list[float], agree: list[bool], window: int) -> dict:
 
 def _depth(hist: np.ndarray) -> float:
     """Mean backbone layers per step: hist[e + 1] counts exits after layer e."""
-    return float((hist * np.arange(len(hist))).sum() / max(hist.sum(), 1))
+    return F.mean_depth(hist)
 
 
 def _open(river_path, n_ctx: int, threads: int, thresholds):

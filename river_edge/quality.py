@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import format as F
 from .format import RiverError
 
 PLAIN = ("q4_0", "q4_1", "q5_1", "q8_0")
@@ -290,7 +291,7 @@ def _shipped_type(base: str | None) -> str | None:
 
 def _depth(h: np.ndarray, L: int) -> dict:
     h = np.asarray(h)
-    return {"mean_depth": float((h * np.arange(L + 1)).sum() / max(h.sum(), 1)), "hist": h.tolist()}
+    return {"mean_depth": F.mean_depth(h), "hist": h.tolist()}
 
 
 def _choose_taus(s: np.ndarray, m: int, L: int, fractions=(0.25, 0.5, 0.75, 0.9)) -> list[float]:

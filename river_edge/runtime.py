@@ -339,7 +339,7 @@ class RiverLlama(llama_cpp.Llama):
     def mean_depth(self) -> float:
         """Mean backbone layers per ubatch since the last reset (n_layer: pure backbone)."""
         h = self.exit_histogram()
-        return float((h * np.arange(self.n_layer + 1)).sum() / max(h.sum(), 1))
+        return F.mean_depth(h)
 
     def decision_seconds(self) -> float:
         lib, ctx = self._need_river()

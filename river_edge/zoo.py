@@ -1,4 +1,4 @@
-"""The model zoo: offline GGUF models that ship inside PyPI packages (docs/design.md §4).
+"""The model zoo: offline GGUF models that ship inside PyPI packages (docs/design.md §5).
 
 The package index is the only network source we may use, and these models happen to be published
 there as wheels: one wheel holding a whole GGUF, or several "part" wheels whose members, concatenated

@@ -5,7 +5,7 @@ Per decode token of the recorded backbone decodes, the all-river logits computed
 KL(backbone || river), top-1 agreement, the river's entropy and top-1 margin. A token whose signal crosses
 the gate falls back to the backbone (KL 0, agreement 1), so the fit is a sort. The report compares with
 random fallback at the same rate, whose expected KL is (1 - rate) * mean KL. Clean figures: online,
-river-written K/V of the tokens that do not fall back pollute later ones (docs/design.md §5 item 6: about
+river-written K/V of the tokens that do not fall back pollute later ones (docs/design.md §6 item 6: about
 2x).
 """
 from __future__ import annotations
