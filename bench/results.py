@@ -123,7 +123,7 @@ STEPS = {
     f"calibration_{SMOL}": (step_calibration, dict(model=SMOL)),
     f"calibration_{QWEN}": (step_calibration, dict(model=QWEN)),
     f"modes_{SMOL}": (step_modes, dict(model=SMOL, max_rounds=6)),
-    f"modes_{QWEN}": (step_modes, dict(model=QWEN, max_rounds=6)),
+    f"modes_{QWEN}": (step_modes, dict(model=QWEN, max_rounds=4)),
     # the 1.5B's rounds capped: about 5 minutes each on 2 cores
     f"modes_{QWEN15}": (step_modes, dict(model=QWEN15, modes=MODES_15, backbone="f16", max_rounds=5)),
     f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=MODES_KEEP, backbone="keep", max_rounds=4)),

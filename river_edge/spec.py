@@ -390,15 +390,17 @@ class Spec:
                         if is_eog(vocab, int(d)):
                             break
                 elif k:
-                    t0 = time.perf_counter()
                     if self.draft_model is not None:
                         dm = self.draft_model
+                        # catching up on the tokens accepted since it last drafted is one batch, not a per-token
+                        # cost: charged to a draft token it would keep a draft model that fell behind at k = 0
                         dm.prepare(list(llm.input_ids[:n]))
                         step = lambda x, i: dm.step(x)  # noqa: E731
                     else:                   # the river, writing cells n..n+k-1 of the shared cache
                         self._force(-1)
                         step = lambda x, i: self._decode([x], n + i, False)[0]  # noqa: E731
                     x = pending
+                    t0 = time.perf_counter()
                     for i in range(k):
                         row = step(x, i)
                         if tf:   # the draft sees the history it would have: acceptance stays high
