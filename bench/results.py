@@ -555,7 +555,7 @@ def _replace_block(page: Path, markers: tuple[str, str], text: str) -> None:
     body = page.read_text()
     b, e = markers
     if b not in body or e not in body:
-        raise SystemExit(f"{page}: no {b.split(' ')[1]} markers")
+        raise SystemExit(f"{page}: no {b.split(' ')[1].split(':')[0]} markers")
     head, rest = body.split(b, 1)
     _, tail = rest.split(e, 1)
     page.write_text(head + b + "\n" + text + e + tail)

@@ -351,7 +351,7 @@ FAILURES = [  # exit 1: one line on stderr
 USAGE = [  # exit 2: typer's usage message
     ["build", "{base}"],                                           # -o missing
     ["build", "-o", "{out}"],                                      # MODEL missing
-    ["build", "{base}", "-o", "{out}", "--river", "q3_k"],
+    ["build", "{base}", "-o", "{out}", "--river", "q7_k"],
     ["build", "{base}", "-o", "{out}", "--backbone", "q2"],
     ["build", "{base}", "-o", "{out}", "--layer-types", "q4_0,zz"],
     ["build", "{base}", "-o", "{out}", "--max-kl", "-0.1"],

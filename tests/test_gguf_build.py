@@ -215,7 +215,7 @@ def _gemma(tmp_path):
     ("river", "already a river GGUF"),
     ("no ffn_gate", "tensor blk.1.ffn_gate.weight is missing"),
     ("backbone", "unknown backbone type 'q4_0'"),
-    ("river type", "unknown river type 'q2_k'"),
+    ("river type", "unknown river type 'q7_k'"),
     ("layer types", "layer_types has 3 entries; the model has 4 layers"),
     ("dst folder", "does not exist"),
     ("imatrix length", "importance matrix for blk.0.attn_q.weight has 3 values"),
@@ -239,7 +239,7 @@ def test_bad_input(case, fragment, tiny_llama_base, tiny_llama, tmp_path):
     elif case == "backbone":
         kw = dict(backbone="q4_0")
     elif case == "river type":
-        kw = dict(river="q2_k")
+        kw = dict(river="q7_k")
     elif case == "layer types":
         kw = dict(layer_types=["q4_0"] * 3)
     elif case == "dst folder":
