@@ -296,15 +296,31 @@ def _load_avg() -> dict:
     return {"loadavg_1_5_15": [round(x, 2) for x in la], "uptime": up}
 
 
-def _memory(path: Path, c: Config, n_ctx: int, threads: int, prompt: list[int]) -> dict:
-    """Peak RSS of a fresh process that loads the file, applies the configuration, decodes 16 tokens."""
-    arg = json.dumps({"path": str(path), "config": asdict(c), "n_ctx": n_ctx, "threads": threads,
-                      "prompt": prompt, "tokens": MEMORY_TOKENS})
-    p = subprocess.run([sys.executable, "-m", "river_edge.bench", "--memory-probe", arg],
-                       capture_output=True, text=True, timeout=600)
+def in_fresh_process(module: str, arg: dict, timeout: int = 900) -> dict:
+    """Run `python -m module --memory-probe ARG` and return the JSON its last line prints (peak_rss's)."""
+    p = subprocess.run([sys.executable, "-m", module, "--memory-probe", json.dumps(arg)],
+                       capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or ["probe failed"])[-1]}
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def peak_rss(load, work) -> dict:
+    """In a probe process: peak RSS before loading, after `load()` and after `work(model)`, in MiB."""
+    import llama_cpp  # noqa: F401  (the library itself counts in the baseline)
+
+    base = _hwm_mib()
+    m = load()
+    loaded = _hwm_mib()
+    work(m)
+    peak = _hwm_mib()
+    return {"baseline_mib": base, "after_load_mib": loaded, "peak_mib": peak, "model_mib": peak - base}
+
+
+def _memory(path: Path, c: Config, n_ctx: int, threads: int, prompt: list[int]) -> dict:
+    """Peak RSS of a fresh process that loads the file, applies the configuration, decodes 16 tokens."""
+    return in_fresh_process("river_edge.bench", {"path": str(path), "config": asdict(c), "n_ctx": n_ctx,
+                                                 "threads": threads, "prompt": prompt, "tokens": MEMORY_TOKENS})
 
 
 def _hwm_mib() -> float:
@@ -320,14 +336,8 @@ def _hwm_mib() -> float:
 
 def _memory_probe(arg: str) -> None:
     a = json.loads(arg)
-    import llama_cpp  # noqa: F401  (the library itself counts in the baseline)
-
-    base = _hwm_mib()
-    m = _load(Path(a["path"]), a["n_ctx"], a["threads"])
-    loaded = _hwm_mib()
-    _decode(m, Config(**a["config"]), a["prompt"], a["tokens"])
-    peak = _hwm_mib()
-    print(json.dumps({"baseline_mib": base, "after_load_mib": loaded, "peak_mib": peak, "model_mib": peak - base}))
+    print(json.dumps(peak_rss(lambda: _load(Path(a["path"]), a["n_ctx"], a["threads"]),
+                              lambda m: _decode(m, Config(**a["config"]), a["prompt"], a["tokens"]))))
 
 
 def measure_memory(files: dict, cfgs: Sequence[Config], n_ctx: int, threads: int, prompt: list[int],

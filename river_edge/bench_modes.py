@@ -210,17 +210,9 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
 
 def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int]) -> dict:
     """Peak RSS of a fresh process that loads configuration c's file(s) and generates 16 tokens in it."""
-    import json
-    import subprocess
-    import sys
-
-    arg = json.dumps({"path": str(files[c] if c in PLAIN else files["river"]), "config": c,
-                      "draft": str(files.get("draft", "")), "n_ctx": n_ctx, "threads": threads, "prompt": prompt})
-    p = subprocess.run([sys.executable, "-m", "river_edge.bench_modes", "--memory-probe", arg],
-                       capture_output=True, text=True, timeout=900)
-    if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["probe failed"])[-1]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return B.in_fresh_process("river_edge.bench_modes", {
+        "path": str(files[c] if c in PLAIN else files["river"]), "config": c, "draft": str(files.get("draft", "")),
+        "n_ctx": n_ctx, "threads": threads, "prompt": prompt})
 
 
 def _memory_probe(arg: str) -> None:
@@ -230,17 +222,16 @@ def _memory_probe(arg: str) -> None:
     from .runtime import RiverLlama
 
     a = json.loads(arg)
-    base = B._hwm_mib()
-    m = RiverLlama(a["path"], n_ctx=a["n_ctx"], n_threads=a["threads"], n_threads_batch=a["threads"], seed=0)
-    mode, _, drafter = a["config"].partition(":")
-    if a["config"] not in PLAIN:
-        m.mode = mode
-        if drafter:
-            m.drafter = DraftModel(a["draft"], m) if drafter == "draft" else drafter
-    loaded = B._hwm_mib()
-    _gen(m, a["prompt"], 16)
-    peak = B._hwm_mib()
-    print(json.dumps({"baseline_mib": base, "after_load_mib": loaded, "peak_mib": peak, "model_mib": peak - base}))
+
+    def load():
+        m = RiverLlama(a["path"], n_ctx=a["n_ctx"], n_threads=a["threads"], n_threads_batch=a["threads"], seed=0)
+        mode, _, drafter = a["config"].partition(":")
+        if a["config"] not in PLAIN:
+            m.mode = mode
+            if drafter:
+                m.drafter = DraftModel(a["draft"], m) if drafter == "draft" else drafter
+        return m
+    print(json.dumps(B.peak_rss(load, lambda m: _gen(m, a["prompt"], 16))))
 
 
 def _telemetry(c: str, sts: list[dict], n_layer: int) -> dict:

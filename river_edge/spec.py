@@ -67,7 +67,7 @@ import numpy as np
 from . import format as F
 from .drafters import FREE, CostModel, Ngram, NgramCache, resolve
 from .format import RiverError
-from .sampling import Transform, accept, entropy, margin, processed_probs  # noqa: F401 (re-exported)
+from .sampling import Transform, accept, entropy, margin, processed_probs
 
 MODES = ("exact", "gated", "river", "fast", "backbone")
 GATE_KEY = F.KEY_GATE
