@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.river-edge-deps
 
-.PHONY: setup runtime build-cuda build-vulkan test test-all test-vulkan demo results clean
+.PHONY: setup runtime build-cuda build-vulkan test test-all test-vulkan test-rpc demo results clean
 
 setup: runtime $(STAMP)
 
@@ -47,6 +47,11 @@ build-vulkan:
 test-vulkan: build-vulkan
 	# ggml-vulkan skips CPU-type devices unless named: lavapipe is one
 	GGML_VK_VISIBLE_DEVICES=$${GGML_VK_VISIBLE_DEVICES:-0} RIVER_TEST_DEVICE=vulkan $(VKPY) -m pytest -q tests/test_device.py
+
+# The same invariants over ggml's RPC backend: two `river rpc-server`s on 127.0.0.1, the model on them (all
+# layers, and half of them with the rest on the local CPU)
+test-rpc: setup
+	RIVER_TEST_DEVICE=rpc $(PY) -m pytest -q tests/test_device.py
 
 $(STAMP): pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e '.[test]'

@@ -36,7 +36,15 @@ def bench(
              "other drafters (exact:ngram prompt lookup, exact:ngram-cache, exact:river+ngram, exact:draft a separate "
              "draft model); "
              "plain q8_0, q4_k_m, q4_0 (llama-quantize of the backbone, written beside the river GGUF) and shipped "
-             "(the file the river was built from, for the offline models), e.g. --mode exact,exact:ngram,shipped,q8_0.")] = None,
+             "(the file the river was built from, for the offline models); sync (every layer's exit check, no exit: "
+             "the cost of one decision), e.g. --mode exact,exact:ngram,shipped,q8_0.")] = None,
+    gpu_layers: Annotated[int, typer.Option(
+        "--gpu-layers", help="With --mode: layers offloaded to the devices (a GPU backend, or the --rpc servers); "
+                             "-1: all.")] = 0,
+    rpc: Annotated[Optional[str], typer.Option(
+        "--rpc", show_default=False,
+        help="With --mode: host:port,... of `river rpc-server`s to offload --gpu-layers to; local:N starts N "
+             "servers on 127.0.0.1 for the run (one thread each).")] = None,
     draft: Annotated[Optional[str], typer.Option(
         "--draft", show_default=False,
         help="Draft model of exact:draft (a GGUF with the same vocabulary, or a model name). Default: the zoo's "
@@ -55,7 +63,18 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
     from river_edge import bench as B
     from river_edge import bench_modes as M
 
+    import contextlib
+
+    from river_edge.rpc import local_servers
+
     modes = M.parse_modes(mode) if mode is not None else None
+    if (gpu_layers or rpc) and not modes:
+        raise typer.BadParameter("--gpu-layers and --rpc go with --mode", param_hint="'--rpc'")
+    n_local = 0
+    if rpc and rpc.startswith("local:"):
+        n_local = int(rpc[6:]) if rpc[6:].isdigit() and int(rpc[6:]) > 0 else 0
+        if not n_local:
+            raise typer.BadParameter("local:N with N >= 1", param_hint="'--rpc'")
     kw = dict(M.QUICK if modes else B.QUICK) if quick else {}
     if tokens is not None:
         kw["tokens"] = tokens
@@ -63,14 +82,17 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         kw["rounds"] = rounds
     if max_rounds is not None and modes:
         kw["max_rounds"] = max_rounds
-    with in_cache(cache_dir):
+    with in_cache(cache_dir), (local_servers(n_local) if n_local else contextlib.nullcontext(None)) as local:
+        offload = {"n_gpu_layers": gpu_layers, **({"rpc_servers": ",".join(local) if local else rpc} if rpc else {})}
         with Bars() as bars:
             path = B.resolve_river(model, bars)
-            res = M.run(path, modes, threads=threads, draft=draft, progress=bars, **kw) if modes else \
+            res = M.run(path, modes, threads=threads, draft=draft, progress=bars,
+                        offload=offload if gpu_layers or rpc else None, **kw) if modes else \
                 B.run(path, threads=threads, progress=bars, **kw)
     if modes:
         typer.echo(M.format_table(res))
-        j, png = B.write(res, out, f"bench_modes_{res['model']}", M.figure)
+        where = "_rpc" if rpc else "_gpu" if gpu_layers else ""
+        j, png = B.write(res, out, f"bench_modes_{res['model']}{where}", M.figure)
     else:
         typer.echo(B.format_table(res))
         j, png = B.write(res, out, f"bench_{res['model']}")

@@ -39,6 +39,11 @@ def chat(
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy).")] = 0.2,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     ctx: Annotated[int, typer.Option("--ctx", min=64, help="Context length in tokens.")] = 4096,
+    gpu_layers: Annotated[int, typer.Option(
+        "--gpu-layers", help="Layers offloaded to the devices (a GPU backend, or --rpc servers); "
+                                     "-1: all.")] = 0,
+    rpc: Annotated[Optional[str], typer.Option(
+        "--rpc", help="host:port,... of `river rpc-server`s to offload the --gpu-layers to.")] = None,
     cache_dir: CacheDir = None,
 ):
     """Chat with a GGUF in the terminal, with its own chat template, streaming the answer.
@@ -64,7 +69,8 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
             path = model_path(model, bars)
     llm = load(path, tau=tau, river=not no_river, threads=threads, n_ctx=ctx, seed=seed,
                mode=mode.value if mode is not None else None, **({"gate": gate} if gate is not None else {}),
-               **({"drafter": drafter} if drafter is not None else {}))
+               **({"drafter": drafter} if drafter is not None else {}), n_gpu_layers=gpu_layers,
+               **({"rpc_servers": rpc} if rpc else {}))
     if tau is not None and not llm.has_river:
         fail(f"{path}: --tau needs a river GGUF (this one has no river)")
     session = Chat(llm, out=sys.stdout, system=system, max_tokens=max_tokens, color=color_depth,

@@ -3,7 +3,7 @@ done by river_edge and river_edge.gguf_tools. One module per verb; cli/app.py ho
 from __future__ import annotations
 
 # the verbs, in the order `river --help` lists them
-from . import build, inspect, doctor, convert, models, serve, chat, bench, evaluate, demo  # noqa: F401, I001
+from . import build, inspect, doctor, convert, models, serve, chat, bench, evaluate, demo, rpc  # noqa: F401, I001
 from .app import app
 
 __all__ = ["app"]

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +30,9 @@ CMAKE_ARGS = [
     "-DLLAMA_BUILD_SERVER=OFF",
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_OPENSSL=OFF",
+    # ggml's RPC backend (a small loadable module): layers of one model on other hosts' rpc-servers
+    # (`river rpc-server`, RiverLlama(rpc_servers=...)).
+    "-DGGML_RPC=ON",
 ]
 # As llama.cpp's release builds: every CPU variant as a loadable module, the best one the host can run
 # chosen at load (patch 0007 installs and loads them). The wheel then runs on any host of its
@@ -190,17 +192,25 @@ def main() -> int:
     wheels = cache_dir() / "wheels" / tag
     if args.force or not any(wheels.glob("*.whl")):
         t0 = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="river-build-") as tmp:
-            root = prepare_tree(args.python, Path(tmp), extra)
+        # A tree and CMake build folder of their own under the cache, removed afterwards: with ccache
+        # installed (ggml's GGML_CCACHE) and paths relative to this folder, a rebuild after a change to
+        # the series recompiles only what the change touched.
+        work = cache_dir() / "build" / tag
+        shutil.rmtree(work, ignore_errors=True)
+        try:
+            root = prepare_tree(args.python, work / "src", extra)
             (root / "llama_cpp" / "RIVER_BUILD").write_text(tag + "\n")
             # The marker file must ship in the wheel: scikit-build-core packages llama_cpp/ whole.
             env = dict(os.environ, CMAKE_ARGS=" ".join(CMAKE_ARGS + (PORTABLE if portable() else []) + extra),
-                       CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
-            out = Path(tmp) / "wheel"
+                       CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2),
+                       SKBUILD_BUILD_DIR=str(work / "cmake"), CCACHE_BASEDIR=str(work), CCACHE_NOHASHDIR="1")
+            out = work / "wheel"
             run([args.python, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(root)], env=env)
             wheels.mkdir(parents=True, exist_ok=True)
             for w in out.glob("*.whl"):
                 shutil.copy2(w, wheels / w.name)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
         print(f"built in {time.monotonic() - t0:.0f} s with {os.cpu_count()} cores: {asked or 'CPU only'}")
     wheel = next(wheels.glob("*.whl"))
     if args.no_install:

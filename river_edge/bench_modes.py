@@ -5,7 +5,10 @@ Q4_0 made by llama-quantize from the F16 backbone, and the shipped file itself),
 (the path chat, completions and the server take), on the same chat prompts, in one process, the order
 rotating every round. Exact mode runs with each drafter through the same loop and cost model
 (`exact` the river, `exact:ngram` prompt lookup, `exact:ngram-cache`, `exact:river+ngram`, `exact:draft` a
-separate draft model).
+separate draft model). `sync` is the backbone with the exit rule's cosine read back at every exit-able layer and
+never exiting (every threshold 1.0): against `backbone`, what one exit decision costs (a device-to-host sync
+where layers run on a GPU or an rpc-server). `offload` runs every configuration with layers on devices
+(n_gpu_layers, rpc_servers: river_edge/rpc.py).
 Per configuration: median over (round, prompt) of its tok/s divided by the backbone's tok/s of the same
 round and prompt, with a bootstrap 95% interval; rounds are added until every interval is within
 +-`ci` of its median (or `max_rounds`); how many of its tokens equal the backbone's (exact mode must give
@@ -27,7 +30,8 @@ from .spec import MODES
 
 PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
 SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
-CONFIGS = MODES + SPEC + PLAIN
+SYNC = ("sync",)   # the rule checking every layer and never exiting: the cost of the exit decisions
+CONFIGS = MODES + SPEC + SYNC + PLAIN
 DRAFTS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}    # the zoo's default draft model per model
 DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4, max_rounds=12, ci=0.05)
 QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1)
@@ -104,7 +108,8 @@ def _settled(rows: list[dict], cfgs: list[str], ci: float) -> bool:
 def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAULT_THREADS,
         tokens: int = DEFAULTS["tokens"], rounds: int = DEFAULTS["rounds"], n_prompts: int = DEFAULTS["n_prompts"],
         max_rounds: int = DEFAULTS["max_rounds"], ci: float = DEFAULTS["ci"], draft: str | Path | None = None,
-        memory: bool = True, prompts: Sequence[str] | None = None, progress=None) -> dict:
+        memory: bool = True, prompts: Sequence[str] | None = None, offload: dict | None = None,
+        progress=None) -> dict:
     from .tokenizer import Tokenizer
 
     say = progress or B._quiet
@@ -128,7 +133,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     from .runtime import RiverLlama
 
     def load(path):
-        return RiverLlama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0)
+        return RiverLlama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0, **(offload or {}))
 
     llm = load(files["river"])
     if not llm.has_river:
@@ -138,9 +143,17 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     if "draft" in files:
         drafter["exact:draft"] = DraftModel(files["draft"], llm)
 
+    tau = llm.thresholds
+
     def decode(c, p):
         if c in PLAIN:
             return _gen(plain[c], p, tokens), {}
+        if c == "sync":
+            llm.mode, llm.thresholds = "river", 1.0   # s > 1 never holds: every layer checked, none exits
+            try:
+                return _gen(llm, p, tokens), {}
+            finally:
+                llm.thresholds = tau
         mode = c.split(":")[0]
         llm.mode = mode
         if mode == "exact":
@@ -177,7 +190,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         r += 1
     load_after = B._load_avg()
     mem = {}
-    if memory:
+    if memory and not offload:   # weights on other devices or hosts: this process's peak says little
         for i, c in enumerate(cfgs):
             say("peak memory (a fresh process per configuration)", i, len(cfgs))
             mem[c] = _memory(files, c, n_ctx, threads, chats[0])
@@ -190,7 +203,8 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         timing="decode: first token (from the prompt's logits, every configuration alike) to the n-th after it; "
                "request: generate() called to the n-th token, prefill included",
         # the host and where ggml put each file's weights: figures from other hosts never share a table
-        host=host(threads), buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}})
+        host=host(threads), buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}},
+        offload=_offload_note(offload))
     for c in cfgs:
         ratio, med, ci95 = _ratio_stats(rows, c, "tok_s")
         _, req_med, req_ci = _ratio_stats(rows, c, "request_s", inverse=True)
@@ -205,7 +219,26 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
              "memory": mem.get(c)}
         d.update(_telemetry(c, stats[c], llm.n_layer))
         res["configs"][c] = d
+    if "sync" in cfgs:
+        res["configs"]["sync"].update(_sync_cost(rows, llm.n_layer - 1 - llm.min_exit_layer))
     return res
+
+
+def _offload_note(offload: dict | None) -> dict | None:
+    """What ran where: n_gpu_layers, the rpc-servers named, and ggml's device list of this process."""
+    if not offload:
+        return None
+    from .host import devices
+
+    return {**offload, "devices": devices()}
+
+
+def _sync_cost(rows: list[dict], n_checked: int) -> dict:
+    """Per exit-able layer, what reading its cosine back costs: (step with every layer checked - backbone step)
+    / layers checked, per (round, prompt), median and bootstrap 95% interval in microseconds."""
+    per = [(1 / r["tok_s"]["sync"] - 1 / r["tok_s"]["backbone"]) / n_checked * 1e6 for r in rows]
+    return {"layers_checked": n_checked, "sync_us_per_layer_median": float(np.median(per)),
+            "sync_us_per_layer_ci95": bootstrap_ci(per)}
 
 
 def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int]) -> dict:
@@ -270,6 +303,9 @@ def note(c: str, d: dict, res: dict) -> str:
         return f"fallback rate {d['fallback_rate']:.2f}"
     if "mean_depth" in d:
         return f"backbone layers {d['mean_depth']:.1f}/{res['notes']['n_layer']}"
+    if "sync_us_per_layer_median" in d:
+        lo, hi = d["sync_us_per_layer_ci95"]
+        return f"{d['sync_us_per_layer_median']:.0f} us per checked layer ({lo:.0f}-{hi:.0f}), {d['layers_checked']} checked"
     if c in PLAIN:
         return f"plain file {d['file_mib']:.0f} MiB (river GGUF {res['configs']['backbone']['file_mib']:.0f})"
     return ""

@@ -99,8 +99,9 @@ class RiverLlama(llama_cpp.Llama):
     Keyword arguments are Llama's, plus `thresholds`, `min_exit_layer` and `forced_exit` overriding
     the GGUF's river keys, `river=False` to run the stock graph, `river_head=False` to draft with
     the backbone's LM head instead of the GGUF's river head, `drafter` for exact mode ("river", "ngram",
-    "river+ngram" or a draft model's GGUF path: river_edge/drafters.py), and `extra_bufts=False` to keep every
-    weight out of ggml's extra buffer types (AMX, CPU_REPACK: repacked layouts, faster kernels).
+    "river+ngram" or a draft model's GGUF path: river_edge/drafters.py), `extra_bufts=False` to keep every
+    weight out of ggml's extra buffer types (AMX, CPU_REPACK: repacked layouts, faster kernels), and
+    `rpc_servers="host:port,..."` to offload layers (n_gpu_layers) to `river rpc-server`s (river_edge/rpc.py).
     """
 
     def __new__(cls, model_path: str, *args, **kwargs):
@@ -111,14 +112,21 @@ class RiverLlama(llama_cpp.Llama):
         if _lib() is None and _has_river_tensors(path):
             raise RiverError(f"{path} is a river GGUF: it needs river-edge's patched llama-cpp-python "
                              "(run `make setup`); this one is stock")
+        if kwargs.get("rpc_servers"):
+            from .rpc import connect
+
+            try:
+                connect(kwargs["rpc_servers"])
+            except (ValueError, RuntimeError) as e:
+                raise RiverError(str(e)) from None
         return super().__new__(cls)
 
     def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
                  min_exit_layer: int | None = None, forced_exit: int | None = None, river: bool = True,
                  river_head: bool = True, mode: str | None = None, gate: float | None = None,
-                 drafter: str | None = None, extra_bufts: bool = True, **kwargs):
+                 drafter: str | None = None, extra_bufts: bool = True, rpc_servers=None, **kwargs):
         path = Path(model_path)
-        self._river = _lib()
+        self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
         from .tokenizer import quiet_llama_logs
 

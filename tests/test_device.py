@@ -1,13 +1,17 @@
-"""The runtime's invariants on a device backend (`make test-vulkan`: ggml's Vulkan backend; on a machine without
-a GPU, Mesa's lavapipe). RIVER_TEST_DEVICE names the backend; without it these tests are not collected
-(`make test` runs the CPU build). With it, a missing device is a failure, not a skip.
+"""The runtime's invariants on a device backend. RIVER_TEST_DEVICE names it; without it these tests are not
+collected (`make test` runs the CPU build). With it, a missing device is a failure, not a skip.
 
-All layers offloaded (half offload: see the fixture). Comparisons are between two runs on the same device and split: river off against the stock model,
-a forced exit against a stock GGUF whose later layers carry the river weights, exact mode against the
-backbone's greedy tokens.
+- vulkan (`make test-vulkan`): ggml's Vulkan backend (on a machine without a GPU, Mesa's lavapipe).
+- rpc (`make test-rpc`): ggml's RPC backend, two `river rpc-server`s on 127.0.0.1 in child processes.
+
+Each with all layers offloaded, and half of them (the graph split between the device(s) and the local CPU).
+Comparisons are between two runs on the same devices and split: river off against the stock model, a forced
+exit against a stock GGUF whose later layers carry the river weights, exact mode against the backbone's
+greedy tokens.
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 
@@ -15,30 +19,39 @@ import numpy as np
 import pytest
 
 DEVICE = os.environ.get("RIVER_TEST_DEVICE")
-pytestmark = pytest.mark.skipif(DEVICE is None, reason="device tests run with RIVER_TEST_DEVICE (make test-vulkan)")
+pytestmark = pytest.mark.skipif(DEVICE is None, reason="device tests run with RIVER_TEST_DEVICE "
+                                                       "(make test-vulkan, make test-rpc)")
 
 PROMPT = [5, 77, 120, 3, 64, 200, 18, 41, 99, 7]
 N_CTX = 128
+ALL = -1   # n_gpu_layers: every layer on the device(s)
+HALF = 2   # of the tiny models' 4 layers: the graph split between the device(s) and the local CPU
 
 
 @pytest.fixture(scope="module", autouse=True)
 def device():
     from river_edge.host import devices
 
-    assert DEVICE == "vulkan", f"RIVER_TEST_DEVICE={DEVICE!r}: only vulkan is wired here"
-    found = devices()
-    assert any(d.lower().startswith("vulkan") for d in found), f"no Vulkan device: {found}"
-    return found
+    assert DEVICE in ("vulkan", "rpc"), f"RIVER_TEST_DEVICE={DEVICE!r}: vulkan or rpc"
+    if DEVICE == "vulkan":
+        found = devices()
+        assert any(d.lower().startswith("vulkan") for d in found), f"no Vulkan device: {found}"
+        yield found
+        return
+    from river_edge.rpc import connect, local_servers
+
+    with local_servers(2) as endpoints:
+        assert connect(endpoints) == 2
+        found = devices()
+        assert sum(d.startswith("RPC") for d in found) == 2, found
+        yield found
+        # models still alive free their buffers on the servers: before the servers stop (ggml aborts otherwise)
+        gc.collect()
 
 
-# Half offload (the graph split between the device and the CPU) is not run: on lavapipe, river off then
-# differs from the stock model and a forced exit crashes in ggml (README, Backends). All layers offloaded:
-ALL = -1   # n_gpu_layers: every layer on the device
-
-
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "llama-half", "qwen2-half"])
 def case(request, tiny_llama, tiny_qwen2):
-    return (tiny_llama if request.param == "llama" else tiny_qwen2), ALL
+    return (tiny_llama if request.param.startswith("llama") else tiny_qwen2), HALF if "half" in request.param else ALL
 
 
 def river(path, gpu, **kw):
@@ -74,7 +87,14 @@ def test_river_off_is_the_stock_model(case, tmp_path):
     want_toks, want = greedy(stock(plain(path, tmp_path / "backbone.gguf", "backbone"), gpu))
     m = river(path, gpu)   # thresholds +inf: the river never exits
     toks, got = greedy(m)
-    assert toks == want_toks and got.tobytes() == want.tobytes()
+    assert toks == want_toks
+    if gpu == ALL or DEVICE == "rpc":
+        assert got.tobytes() == want.tobytes()
+    else:
+        # split with the CPU on Vulkan: ggml-vulkan fuses ops across a layer boundary differently when the river's
+        # (skipped) nodes sit between two layers; the last bits differ (lavapipe: 1.8e-7 of the largest logit),
+        # and with GGML_VK_DISABLE_FUSION=1 it is bit for bit
+        assert float(np.abs(got - want).max() / np.abs(want).max()) <= 1e-6
     assert m.thresholds == [math.inf] * m.n_layer
 
 

@@ -1,0 +1,23 @@
+"""`river rpc-server`: serve this machine's CPU to another host's model (ggml's RPC backend)."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .app import command
+
+
+@command("rpc-server", epilog="Example: river rpc-server --host 0.0.0.0 --port 50052   "
+                              "then on the client: river chat MODEL --rpc this-host:50052 --gpu-layers 99")
+def rpc_server(
+    host: Annotated[str, typer.Option(help="Address to listen on. The protocol has no authentication: "
+                                           "keep 127.0.0.1 unless the network is trusted.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 50052,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads to compute with.")] = None,
+):
+    """Serve this machine's CPU to RPC clients (llama.cpp's rpc-server) until stopped."""
+    from river_edge.rpc import serve
+
+    typer.echo(f"rpc-server on {host}:{port} (Ctrl-C stops it)", err=True)
+    serve(host, port, threads)

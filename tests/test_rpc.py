@@ -1,0 +1,54 @@
+"""ggml's RPC backend from Python (river_edge/rpc.py): server names checked, an absent server named, and a
+benchmark over two local rpc-servers with the exit decisions' cost. The runtime's invariants over RPC are in
+test_device.py (`make test-rpc`)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from river_edge.cli.main import app
+from river_edge.format import RiverError
+from river_edge.rpc import free_port, parse_endpoints
+
+
+def test_endpoints_are_checked():
+    assert parse_endpoints("127.0.0.1:50052, host.lan:1") == ["127.0.0.1:50052", "host.lan:1"]
+    assert parse_endpoints(["[::1]:8"]) == ["[::1]:8"]
+    for bad, why in (("127.0.0.1", "'127.0.0.1'"), ("h:0", "'h:0'"), ("h:65536", "'h:65536'"), (":5", "':5'"),
+                     ("h:x", "'h:x'"), ("", "no RPC server")):
+        with pytest.raises(ValueError, match=why):
+            parse_endpoints(bad)
+
+
+def test_a_server_that_does_not_answer_is_named(tiny_llama):
+    from river_edge.runtime import RiverLlama
+
+    ep = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RiverError, match=f"RPC server {ep} does not answer"):
+        RiverLlama(str(tiny_llama), n_ctx=64, rpc_servers=ep, n_gpu_layers=-1)
+    with pytest.raises(RiverError, match="expected host:port"):
+        RiverLlama(str(tiny_llama), n_ctx=64, rpc_servers="nowhere")
+
+
+def test_bench_over_local_rpc_servers(tiny_llama, runner, tmp_path):
+    """`river bench --rpc local:2`: every layer on two rpc-servers; exact is still the backbone; `sync` says
+    what one exit decision costs there."""
+    r = runner.invoke(app, ["bench", str(tiny_llama), "--mode", "exact,sync", "--rpc", "local:2", "--gpu-layers", "-1",
+                            "--quick", "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "bench_modes_tiny-llama_rpc.json").read_text())
+    assert res["offload"]["n_gpu_layers"] == -1 and len(res["offload"]["rpc_servers"].split(",")) == 2
+    assert sum(d.startswith("RPC") for d in res["offload"]["devices"]) == 2
+    cs = res["configs"]
+    assert cs["exact"]["identical_runs"] == cs["exact"]["runs"] == 1
+    assert cs["sync"]["identical_runs"] == 1          # every layer checked, none exits: the backbone's tokens
+    assert cs["sync"]["layers_checked"] == 2         # tiny: 4 layers, min exit layer 1: layers 1 and 2
+    assert "us per checked layer" in r.output
+
+
+def test_bench_rpc_options_are_checked(tiny_llama, runner):
+    for args, why in ((["--rpc", "local:0", "--mode", "exact"], "local:N with N >= 1"),
+                      (["--rpc", "local:2"], "--gpu-layers and --rpc go with --mode")):
+        r = runner.invoke(app, ["bench", str(tiny_llama), *args])
+        assert r.exit_code != 0 and why in r.output and "Traceback" not in r.output
