@@ -1,6 +1,7 @@
 """`river bench`: the laptop benchmark, or every mode timed fairly with --mode."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -45,6 +46,9 @@ def bench(
         "--rpc", show_default=False,
         help="With --mode: host:port,... of `river rpc-server`s to offload --gpu-layers to; local:N starts N "
              "servers on 127.0.0.1 for the run (one thread each).")] = None,
+    rpc_delay: Annotated[float, typer.Option(
+        "--rpc-delay", min=0.0, help="With --rpc: milliseconds added each way to every message (a forwarder on "
+                                     "127.0.0.1): a network's latency on one host.")] = 0.0,
     draft: Annotated[Optional[str], typer.Option(
         "--draft", show_default=False,
         help="Draft model of exact:draft (a GGUF with the same vocabulary, or a model name). Default: the zoo's "
@@ -62,19 +66,23 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
     """
     from river_edge import bench as B
     from river_edge import bench_modes as M
-
-    import contextlib
-
-    from river_edge.rpc import local_servers
+    from river_edge.rpc import delayed, local_servers, parse_endpoints
 
     modes = M.parse_modes(mode) if mode is not None else None
     if (gpu_layers or rpc) and not modes:
         raise typer.BadParameter("--gpu-layers and --rpc go with --mode", param_hint="'--rpc'")
+    if rpc_delay and not rpc:
+        raise typer.BadParameter("--rpc-delay goes with --rpc", param_hint="'--rpc-delay'")
     n_local = 0
     if rpc and rpc.startswith("local:"):
         n_local = int(rpc[6:]) if rpc[6:].isdigit() and int(rpc[6:]) > 0 else 0
         if not n_local:
             raise typer.BadParameter("local:N with N >= 1", param_hint="'--rpc'")
+    elif rpc:
+        try:
+            parse_endpoints(rpc)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="'--rpc'") from None
     kw = dict(M.QUICK if modes else B.QUICK) if quick else {}
     if tokens is not None:
         kw["tokens"] = tokens
@@ -82,8 +90,13 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         kw["rounds"] = rounds
     if max_rounds is not None and modes:
         kw["max_rounds"] = max_rounds
-    with in_cache(cache_dir), (local_servers(n_local) if n_local else contextlib.nullcontext(None)) as local:
-        offload = {"n_gpu_layers": gpu_layers, **({"rpc_servers": ",".join(local) if local else rpc} if rpc else {})}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(in_cache(cache_dir))
+        servers = stack.enter_context(local_servers(n_local)) if n_local else parse_endpoints(rpc) if rpc else None
+        if rpc_delay:
+            servers = stack.enter_context(delayed(servers, rpc_delay))
+        offload = {"n_gpu_layers": gpu_layers, **({"rpc_servers": ",".join(servers)} if servers else {}),
+                   **({"rpc_delay_ms": rpc_delay} if rpc_delay else {})}
         with Bars() as bars:
             path = B.resolve_river(model, bars)
             res = M.run(path, modes, threads=threads, draft=draft, progress=bars,
@@ -91,7 +104,7 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
                 B.run(path, threads=threads, progress=bars, **kw)
     if modes:
         typer.echo(M.format_table(res))
-        where = "_rpc" if rpc else "_gpu" if gpu_layers else ""
+        where = ("_rpc" + (f"_delay{rpc_delay:g}ms" if rpc_delay else "")) if rpc else "_gpu" if gpu_layers else ""
         j, png = B.write(res, out, f"bench_modes_{res['model']}{where}", M.figure)
     else:
         typer.echo(B.format_table(res))

@@ -29,8 +29,8 @@ from .format import RiverError
 NAMED = ("river", "ngram", "ngram-cache", "river+ngram")
 FREE = ("ngram", "ngram-cache")      # drafters that cost no model step
 NGRAM_MAX = 3
-# a verification batch whose logits depart from one-token decoding by more than this (x4 headroom, in logits)
-# is not chosen: its near-ties would be settled by one-token decodes so often that it cannot pay
+# a verification batch whose logits depart from one-token decoding by more than this (in logits) is not
+# chosen: its near-ties (within 4x the departure) would be settled by one-token decodes so often that it cannot pay
 ROUNDING = 0.1
 
 
@@ -83,7 +83,7 @@ class CostModel:
 
     def usable(self, n: int) -> bool:
         """A batch of n verifies with one-token arithmetic up to rounding."""
-        return n <= 1 or n >= len(self.ties) or self.ties[n] <= ROUNDING
+        return n <= 1 or n >= len(self.ties) or self.ties[n] / 4 <= ROUNDING   # ties carry the x4 headroom
 
     def best_k(self, a: float, kmax: int, drafter: str = "river") -> int:
         c = self.curve()

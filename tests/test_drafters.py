@@ -108,3 +108,14 @@ def test_verification_batches_that_change_the_arithmetic_are_not_chosen():
     assert cm.best_k(0.95, 8) == 2                   # batches of 4+ would pay, but are not exact arithmetic
     assert CostModel(draft_s=0.05, verify_s=list(verify)).best_k(0.95, 8) > 2
     assert CostModel(draft_s=0.05, verify_s=list(verify), ties=[0.0, 0.0] + [2.0] * 8).best_k(0.95, 8) == 0
+
+
+def test_the_rounding_limit_is_on_the_departure_not_its_tie_headroom():
+    """ties hold 4x the measured departure; a batch departing by 0.03 logits (F16 over RPC, here) is usable, one
+    departing by 0.2 is not: the limit is ROUNDING on the departure itself (docs/design.md §4)."""
+    from river_edge.drafters import ROUNDING
+
+    verify = [0, 1.0, 1.05, 1.1, 1.15]
+    cm = CostModel(draft_s=0.05, verify_s=verify, ties=[0.0, 0.0, 4 * 0.03, 4 * ROUNDING, 4 * 0.2])
+    assert [cm.usable(n) for n in (1, 2, 3, 4)] == [True, True, True, False]
+    assert cm.as_dict()["batch_deviation"][1] == pytest.approx(0.03)
