@@ -65,6 +65,7 @@ the ideal line. Prints a table with ratios to the backbone, mean backbone depth,
 spent deciding exits and peak memory; writes the table as JSON and a PNG.
     """
     from river_edge import bench as B
+    from river_edge import bench_files as BF
     from river_edge import bench_modes as M
     from river_edge.rpc import delayed, local_servers, parse_endpoints
 
@@ -98,7 +99,7 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         offload = {"n_gpu_layers": gpu_layers, **({"rpc_servers": ",".join(servers)} if servers else {}),
                    **({"rpc_delay_ms": rpc_delay} if rpc_delay else {})}
         with Bars() as bars:
-            path = B.resolve_river(model, bars)
+            path = BF.resolve_river(model, bars)
             res = M.run(path, modes, threads=threads, draft=draft, progress=bars,
                         offload=offload if gpu_layers or rpc else None, **kw) if modes else \
                 B.run(path, threads=threads, progress=bars, **kw)

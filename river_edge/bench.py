@@ -33,20 +33,20 @@ import json
 import os
 import platform
 import statistics as st
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import zoo
 from . import format as F
+from . import bench_files as BF
+from .bench_files import Progress, _quiet, packaged_prompts, prepare_files, weights_note
 from .format import RiverError
+from .probe import in_fresh_process, load_avg, peak_rss
 
-Progress = Callable[[str, int, int], None]
 
 DEFAULT_THREADS = 2
 DEFAULT_TOKENS = 48
@@ -63,10 +63,6 @@ QUICK = dict(tokens=12, rounds=1, n_prompts=1, prefill_reps=1, memory=False)
 TARGET_SWEEP = 0.05      # every sweep point within 5% of the ideal line
 TARGET_DECISION = 0.01   # exit decisions under 1% of the decode step
 TARGET_PREFILL = 0.97    # prefill with the river on at least 0.97 of the backbone's speed
-
-
-def _quiet(what: str, done: int, total: int) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -104,131 +100,6 @@ def sweep_layers(n_layer: int) -> list[int]:
 
 
 # -- files ---------------------------------------------------------------------------------------------
-
-def resolve_river(model: str | os.PathLike | None, progress: Progress | None = None) -> Path:
-    """A river GGUF to benchmark: a path as given; a zoo name -> its calibrated river GGUF in the cache
-    (built with the defaults on first use); None -> the default model's (SmolLM2-135M-Instruct)."""
-    from .defaults import default_river
-    from .gguf_tools.inspect import check
-
-    if model is None:
-        return default_river(progress)
-    path = Path(model).expanduser()
-    if not path.exists() and str(model) in zoo.MODELS:
-        return default_river(progress, model=str(model))
-    if not path.is_file():
-        known = ", ".join(m for m, s in zoo.MODELS.items() if s.supported)
-        raise RiverError(f"{model}: no such file or model name (models: {known})")
-    check(path, require_river=True)
-    return path
-
-
-def _stem(river_path: Path) -> str:
-    name = river_path.name
-    for suffix in (".river.gguf", ".gguf"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return river_path.stem
-
-
-def _source_model(info: dict) -> str | None:
-    """The zoo model a river GGUF was built from (by the source's sha256), if any."""
-    sha = info.get("source_sha256")
-    return next((m.name for m in zoo.MODELS.values() if m.sha256 == sha), None) if sha else None
-
-
-def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
-    """dst made from src, cached: reused while newer than its source; written atomically. `mode`: a
-    llama-quantize recipe (plain files: what a user makes from the F16 backbone), else convert.plain's."""
-    from .gguf_tools.convert import plain
-    from .gguf_tools.quant import RECIPES, llama_quantize
-
-    if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
-        return dst
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp.gguf")
-    try:
-        progress(f"writing {dst.name}", 0, 1)
-        if mode in RECIPES:
-            llama_quantize(src, tmp, mode)
-        else:
-            plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total))
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dst
-
-
-def prepare_files(river_path: Path, progress: Progress | None = None,
-                  plain: Sequence[str] = ("q8_0", "q4_0"), shipped: bool = False) -> tuple[dict[str, Path], dict]:
-    """The files of every configuration, plain ones written once next to the river GGUF; and notes. With
-    `shipped`, also the file the river was built from (the one a user already has), when it is in the cache."""
-    from .gguf_tools.inspect import inspect_gguf
-
-    say = progress or _quiet
-    river_path = Path(river_path)
-    info = inspect_gguf(river_path)
-    if not info["river"]:
-        raise RiverError(f"{river_path}: not a river GGUF; build one with `river build`")
-    source = _source_model(info)
-    base = zoo.model_path(source) if source and zoo.is_prepared(source) else None
-    stem, folder = _stem(river_path), river_path.parent
-    files = {"river": river_path,
-             "plain-f16": _derive(river_path, folder / f"{stem}.backbone.gguf", "backbone", say)}
-    for q in plain:   # llama-quantize of the F16 backbone (the shipped file's values, upcast)
-        same = q == info.get("backbone_type")   # a Q8_0 backbone is its own plain Q8_0 (no requantizing)
-        files[q] = files["plain-f16"] if same else _derive(files["plain-f16"], folder / f"{stem}.plain.{q}.gguf", q, say)
-    if shipped and base is not None:
-        files["shipped"] = base   # the file the user already has: the river's source, as it was downloaded
-    notes = {
-        "source_model": source,
-        "source_file": str(base) if base else None,
-        "quant_source": "llama-quantize of the backbone",
-        "backbone_type": info.get("backbone_type") or "source",
-        "river_type": info.get("river_type"),
-        "architecture": info["architecture"],
-        "n_layer": info["n_layer"],
-        "calibrated": bool(info.get("calibrated")),
-        "min_exit_layer": info.get("min_exit_layer"),
-        "file_bytes": {k: v.stat().st_size for k, v in files.items()},
-    }
-    return files, notes
-
-
-def weights_note(notes: dict) -> str:
-    src = zoo.MODELS[notes["source_model"]].description if notes.get("source_model") else "a user GGUF"
-    return (f"source {src}; backbone {notes['backbone_type']} (an upcast where the source ships quantized); "
-            f"river {notes['river_type']} re-quantized from the backbone; plain quantizations from the "
-            f"{notes['quant_source']}"
-            + ("" if notes.get("calibrated") else "; UNCALIBRATED river GGUF (thresholds +inf: the rule never exits)"))
-
-
-# -- prompts -------------------------------------------------------------------------------------------
-
-def packaged_prompts(n: int) -> list[str]:
-    """n packaged calibration prompts, alternating GSM8K and code (read without importing torch)."""
-    from importlib import resources
-
-    rows = [json.loads(x) for x in resources.files("river_edge").joinpath("data/calibration.jsonl")
-            .read_text().splitlines() if x.strip()]
-    by = {}
-    for r in rows:
-        by.setdefault(r["source"], []).append(r["prompt"])
-    groups = list(by.values())
-    out, i = [], 0
-    while len(out) < n and any(i < len(g) for g in groups):
-        out += [g[i] for g in groups if i < len(g)]
-        i += 1
-    return out[:n]
-
-
-def _prefill_tokens(tok, n: int) -> list[int]:
-    """About n tokens of packaged prompt text (BOS first), for the prefill measurement."""
-    text = " ".join(packaged_prompts(40))
-    ids = tok.encode(text, special=False)
-    while len(ids) < n - 1:
-        ids = ids + ids
-    return [tok.llm.token_bos()] + ids[: n - 1]
-
 
 # -- measuring -----------------------------------------------------------------------------------------
 
@@ -287,51 +158,10 @@ def _prefill(m, c: Config, tokens: list[int]) -> dict:
     return r
 
 
-def _load_avg() -> dict:
-    la = os.getloadavg()
-    try:
-        up = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        up = ""
-    return {"loadavg_1_5_15": [round(x, 2) for x in la], "uptime": up}
-
-
-def in_fresh_process(module: str, arg: dict, timeout: int = 900) -> dict:
-    """Run `python -m module --memory-probe ARG` and return the JSON its last line prints (peak_rss's)."""
-    p = subprocess.run([sys.executable, "-m", module, "--memory-probe", json.dumps(arg)],
-                       capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["probe failed"])[-1]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
-def peak_rss(load, work) -> dict:
-    """In a probe process: peak RSS before loading, after `load()` and after `work(model)`, in MiB."""
-    import llama_cpp  # noqa: F401  (the library itself counts in the baseline)
-
-    base = _hwm_mib()
-    m = load()
-    loaded = _hwm_mib()
-    work(m)
-    peak = _hwm_mib()
-    return {"baseline_mib": base, "after_load_mib": loaded, "peak_mib": peak, "model_mib": peak - base}
-
-
 def _memory(path: Path, c: Config, n_ctx: int, threads: int, prompt: list[int]) -> dict:
     """Peak RSS of a fresh process that loads the file, applies the configuration, decodes 16 tokens."""
     return in_fresh_process("river_edge.bench", {"path": str(path), "config": asdict(c), "n_ctx": n_ctx,
                                                  "threads": threads, "prompt": prompt, "tokens": MEMORY_TOKENS})
-
-
-def _hwm_mib() -> float:
-    """Peak RSS of this process (VmHWM). Not ru_maxrss: Linux keeps that across fork and exec, so a probe
-    started by a big parent would report the parent's peak."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: KiB on most, bytes on macOS
 
 
 def _memory_probe(arg: str) -> None:
@@ -376,9 +206,9 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
     texts = list(prompts) if prompts else packaged_prompts(n_prompts)
     tok = Tokenizer(river_path)
     chats = [tok.chat(t) for t in texts]
-    pre = _prefill_tokens(tok, prefill_tokens)
+    pre = BF.prefill_tokens(tok, prefill_tokens)
     n_ctx = max(max(len(c) for c in chats) + tokens + 8, len(pre) + 8, 256)
-    load_before = _load_avg()
+    load_before = load_avg()
 
     say("loading the models", 0, len(files))
     models = {}
@@ -414,7 +244,7 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
             done += 1
             say(f"round {r + 1}/{rounds}: prefill", done, total)
     elapsed = time.time() - t_start
-    load_after = _load_avg()
+    load_after = load_avg()
     from .host import host, placement
 
     bufts = {k: placement(m) for k, m in models.items()}
@@ -497,7 +327,7 @@ def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
             targets[k].update(met=None, note="not measured: the river GGUF is uncalibrated, the rule tests no layer")
     ceiling = rows["q4_0"]["decode_ratio"]
     return {
-        "model": notes.get("source_model") or _stem(Path(river_path)),
+        "model": notes.get("source_model") or BF.stem(Path(river_path)),
         "river_gguf": str(river_path),
         "weights": weights_note(notes),
         "files": notes,

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from . import bench as B
+from . import bench_files as BF
+from .probe import in_fresh_process, load_avg, peak_rss
 from . import format as F
 from .format import RiverError
 from .spec import MODES
@@ -52,7 +54,7 @@ def draft_for(river_path: Path, draft: str | Path | None, progress=None) -> Path
     from .gguf_tools.inspect import inspect_gguf
 
     if draft is None:
-        draft = DRAFTS.get(B._source_model(inspect_gguf(river_path)) or "")
+        draft = DRAFTS.get(BF.source_model(inspect_gguf(river_path)) or "")
         if draft is None:
             raise RiverError(f"exact:draft: no default draft model for {river_path.name}; give one with --draft")
     return zoo.resolve(draft, progress)
@@ -112,12 +114,12 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         progress=None) -> dict:
     from .tokenizer import Tokenizer
 
-    say = progress or B._quiet
+    say = progress or BF._quiet
     if tokens < 2 or rounds < 1 or threads < 1:
         raise RiverError("tokens must be at least 2, rounds and threads at least 1")
     max_rounds = max(rounds, max_rounds)
     river_path = Path(river_path)
-    files, notes = B.prepare_files(river_path, say, plain=[q for q in modes if q in PLAIN and q != "shipped"],
+    files, notes = BF.prepare_files(river_path, say, plain=[q for q in modes if q in PLAIN and q != "shipped"],
                                    shipped="shipped" in modes)
     cfgs = ["backbone"] + [m for m in modes if m != "backbone"]
     if "shipped" in cfgs and "shipped" not in files:
@@ -125,7 +127,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
                          "for the offline models: `river models prepare NAME`)")
     if "exact:draft" in cfgs:
         files["draft"] = draft_for(river_path, draft, say)
-    texts = list(prompts) if prompts else B.packaged_prompts(n_prompts)
+    texts = list(prompts) if prompts else BF.packaged_prompts(n_prompts)
     chats = [Tokenizer(river_path).chat(t) for t in texts]
     n_ctx = max(len(c) for c in chats) + tokens + 16
     from .drafters import DraftModel
@@ -172,7 +174,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     for i, c in enumerate(cfgs):      # graphs, page touches, and the exact mode's cost model
         decode(c, chats[0])
         say("warming up", i + 1, len(cfgs))
-    load_before = B._load_avg()
+    load_before = load_avg()
     rows = []                          # one per (round, prompt): {config: tok/s}, {config: common prefix}
     stats: dict[str, list[dict]] = {c: [] for c in cfgs}
     done, r = 0, 0
@@ -190,15 +192,15 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
             rows.append({"round": r, "prompt": pi, "tok_s": tps, "request_s": req,
                          "common_prefix": {c: _common(toks[c], toks["backbone"]) for c in cfgs}})
         r += 1
-    load_after = B._load_avg()
+    load_after = load_avg()
     mem = {}
     if memory and not offload:   # weights on other devices or hosts: this process's peak says little
         for i, c in enumerate(cfgs):
             say("peak memory (a fresh process per configuration)", i, len(cfgs))
             mem[c] = _memory(files, c, n_ctx, threads, chats[0])
     res = dict(
-        kind="modes", model=B._stem(river_path), river_gguf=str(river_path), files={k: str(v) for k, v in files.items()},
-        weights=B.weights_note(notes), notes=notes, threads=threads, tokens=tokens, rounds=r, min_rounds=rounds,
+        kind="modes", model=BF.stem(river_path), river_gguf=str(river_path), files={k: str(v) for k, v in files.items()},
+        weights=BF.weights_note(notes), notes=notes, threads=threads, tokens=tokens, rounds=r, min_rounds=rounds,
         max_rounds=max_rounds, ci_target=ci, settled=_settled(rows, cfgs, ci), prompts=texts,
         prompt_tokens=[len(c) for c in chats], elapsed_s=time.time() - t_start, load_before=load_before,
         load_after=load_after, cpu_count=os.cpu_count(), rows=rows, configs={},
@@ -245,7 +247,7 @@ def _sync_cost(rows: list[dict], n_checked: int) -> dict:
 
 def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int]) -> dict:
     """Peak RSS of a fresh process that loads configuration c's file(s) and generates 16 tokens in it."""
-    return B.in_fresh_process("river_edge.bench_modes", {
+    return in_fresh_process("river_edge.bench_modes", {
         "path": str(files[c] if c in PLAIN else files["river"]), "config": c, "draft": str(files.get("draft", "")),
         "n_ctx": n_ctx, "threads": threads, "prompt": prompt})
 
@@ -266,7 +268,7 @@ def _memory_probe(arg: str) -> None:
             if drafter:
                 m.drafter = DraftModel(a["draft"], m) if drafter == "draft" else drafter
         return m
-    print(json.dumps(B.peak_rss(load, lambda m: _gen(m, a["prompt"], 16))))
+    print(json.dumps(peak_rss(load, lambda m: _gen(m, a["prompt"], 16))))
 
 
 def _telemetry(c: str, sts: list[dict], n_layer: int) -> dict:

@@ -105,7 +105,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
 
     taus: uniform thresholds for tau=X configurations (None: four chosen from the backbone's own cosine
     scores so that the rule's depth spans about 25-90% of the layers)."""
-    from . import bench as B
+    from . import bench_files as BF
     from .runtime import RiverLlama
     from .spec import DEFAULT_GATE, GATE_KEY
 
@@ -118,7 +118,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     if bad:
         raise RiverError(f"unknown configuration {bad[0]!r}: use {', '.join(DEFAULT_CONFIGS)}, tau=X, taus, "
                          "gated@R, gated-random@R or gates")
-    files, notes = B.prepare_files(river_path, say, plain=tuple(c for c in configs if c in PLAIN))
+    files, notes = BF.prepare_files(river_path, say, plain=tuple(c for c in configs if c in PLAIN))
     L = notes["n_layer"]
     rng = random.Random(seed)
 
@@ -258,9 +258,9 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     say("done", len(configs), len(configs))
     from .host import host
 
-    return {"kind": "quality", "model": B._stem(river_path), "river_gguf": str(river_path),
+    return {"kind": "quality", "model": BF.stem(river_path), "river_gguf": str(river_path),
             "shipped_type": _shipped_type(notes.get("source_file")), "head_share": _head_share(river_path),
-            "weights": B.weights_note(notes), "notes": notes, "n_layer": L, "threads": threads, "host": host(threads),
+            "weights": BF.weights_note(notes), "notes": notes, "n_layer": L, "threads": threads, "host": host(threads),
             "texts": [s for s, _ in texts], "max_tokens": max_tokens, "positions": out["backbone"]["positions"],
             "gguf_thresholds": gguf_tau, "taus": ref_tau, "gate_entropy": gate, "seed": seed,
             "elapsed_s": time.time() - t0, "configs": out}

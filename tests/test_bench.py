@@ -15,6 +15,7 @@ import pytest
 from river_edge.gguf_tools.convert import plain
 
 from river_edge import bench as B
+from river_edge import bench_files as BF
 from river_edge.format import RiverError
 from river_edge.cli.main import app
 
@@ -37,7 +38,7 @@ def test_sweep_layers():
 
 
 def test_packaged_prompts_mix_sources():
-    p = B.packaged_prompts(4)
+    p = BF.packaged_prompts(4)
     assert len(p) == 4 and len(set(p)) == 4
     assert any("def " in x or "function" in x.lower() for x in p)  # the code prompts are in the mix
 
@@ -166,9 +167,9 @@ def test_modes_bench_shipped_file(river_copy, tiny_llama_base, monkeypatch):
 
     with pytest.raises(RiverError, match="shipped: the file this river GGUF was built from"):
         M.run(river_copy, M.parse_modes("shipped"), threads=1, tokens=3, rounds=1, prompts=SHORT[:1])
-    monkeypatch.setattr(B, "_source_model", lambda info: "smollm2-135m")
-    monkeypatch.setattr(B.zoo, "is_prepared", lambda name: name == "smollm2-135m")
-    monkeypatch.setattr(B.zoo, "model_path", lambda name: Path(tiny_llama_base))
+    monkeypatch.setattr(BF, "source_model", lambda info: "smollm2-135m")
+    monkeypatch.setattr(BF.zoo, "is_prepared", lambda name: name == "smollm2-135m")
+    monkeypatch.setattr(BF.zoo, "model_path", lambda name: Path(tiny_llama_base))
     res = M.run(river_copy, M.parse_modes("shipped,exact"), threads=1, tokens=4, rounds=1, max_rounds=1,
                 prompts=SHORT[:1], memory=False)
     assert list(res["configs"]) == ["backbone", "shipped", "exact"]

@@ -1,0 +1,141 @@
+"""The files and prompts a benchmark compares: the river GGUF resolved from a model name, the backbone and plain
+quantizations derived beside it (llama-quantize recipes of the F16 backbone, written once), the shipped source
+file, and the packaged prompts."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from . import zoo
+from .format import RiverError
+
+Progress = Callable[[str, int, int], None]
+
+
+def _quiet(what: str, done: int, total: int) -> None:
+    pass
+
+
+def resolve_river(model: str | os.PathLike | None, progress: Progress | None = None) -> Path:
+    """A river GGUF to benchmark: a path as given; a zoo name -> its calibrated river GGUF in the cache
+    (built with the defaults on first use); None -> the default model's (SmolLM2-135M-Instruct)."""
+    from .defaults import default_river
+    from .gguf_tools.inspect import check
+
+    if model is None:
+        return default_river(progress)
+    path = Path(model).expanduser()
+    if not path.exists() and str(model) in zoo.MODELS:
+        return default_river(progress, model=str(model))
+    if not path.is_file():
+        known = ", ".join(m for m, s in zoo.MODELS.items() if s.supported)
+        raise RiverError(f"{model}: no such file or model name (models: {known})")
+    check(path, require_river=True)
+    return path
+
+
+def stem(river_path: Path) -> str:
+    name = river_path.name
+    for suffix in (".river.gguf", ".gguf"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return river_path.stem
+
+
+def source_model(info: dict) -> str | None:
+    """The zoo model a river GGUF was built from (by the source's sha256), if any."""
+    sha = info.get("source_sha256")
+    return next((m.name for m in zoo.MODELS.values() if m.sha256 == sha), None) if sha else None
+
+
+def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
+    """dst made from src, cached: reused while newer than its source; written atomically. `mode`: a
+    llama-quantize recipe (plain files: what a user makes from the F16 backbone), else convert.plain's."""
+    from .gguf_tools.convert import plain
+    from .gguf_tools.quant import RECIPES, llama_quantize
+
+    if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
+        return dst
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp.gguf")
+    try:
+        progress(f"writing {dst.name}", 0, 1)
+        if mode in RECIPES:
+            llama_quantize(src, tmp, mode)
+        else:
+            plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total))
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
+
+
+def prepare_files(river_path: Path, progress: Progress | None = None,
+                  plain: Sequence[str] = ("q8_0", "q4_0"), shipped: bool = False) -> tuple[dict[str, Path], dict]:
+    """The files of every configuration, plain ones written once next to the river GGUF; and notes. With
+    `shipped`, also the file the river was built from (the one a user already has), when it is in the cache."""
+    from .gguf_tools.inspect import inspect_gguf
+
+    say = progress or _quiet
+    river_path = Path(river_path)
+    info = inspect_gguf(river_path)
+    if not info["river"]:
+        raise RiverError(f"{river_path}: not a river GGUF; build one with `river build`")
+    source = source_model(info)
+    base = zoo.model_path(source) if source and zoo.is_prepared(source) else None
+    name, folder = stem(river_path), river_path.parent
+    files = {"river": river_path,
+             "plain-f16": _derive(river_path, folder / f"{name}.backbone.gguf", "backbone", say)}
+    for q in plain:   # llama-quantize of the F16 backbone (the shipped file's values, upcast)
+        same = q == info.get("backbone_type")   # a Q8_0 backbone is its own plain Q8_0 (no requantizing)
+        files[q] = files["plain-f16"] if same else _derive(files["plain-f16"], folder / f"{name}.plain.{q}.gguf", q, say)
+    if shipped and base is not None:
+        files["shipped"] = base   # the file the user already has: the river's source, as it was downloaded
+    notes = {
+        "source_model": source,
+        "source_file": str(base) if base else None,
+        "quant_source": "llama-quantize of the backbone",
+        "backbone_type": info.get("backbone_type") or "source",
+        "river_type": info.get("river_type"),
+        "architecture": info["architecture"],
+        "n_layer": info["n_layer"],
+        "calibrated": bool(info.get("calibrated")),
+        "min_exit_layer": info.get("min_exit_layer"),
+        "file_bytes": {k: v.stat().st_size for k, v in files.items()},
+    }
+    return files, notes
+
+
+def weights_note(notes: dict) -> str:
+    src = zoo.MODELS[notes["source_model"]].description if notes.get("source_model") else "a user GGUF"
+    return (f"source {src}; backbone {notes['backbone_type']} (an upcast where the source ships quantized); "
+            f"river {notes['river_type']} re-quantized from the backbone; plain quantizations from the "
+            f"{notes['quant_source']}"
+            + ("" if notes.get("calibrated") else "; UNCALIBRATED river GGUF (thresholds +inf: the rule never exits)"))
+
+
+def packaged_prompts(n: int) -> list[str]:
+    """n packaged calibration prompts, alternating GSM8K and code (read without importing torch)."""
+    from importlib import resources
+
+    rows = [json.loads(x) for x in resources.files("river_edge").joinpath("data/calibration.jsonl")
+            .read_text().splitlines() if x.strip()]
+    by = {}
+    for r in rows:
+        by.setdefault(r["source"], []).append(r["prompt"])
+    groups = list(by.values())
+    out, i = [], 0
+    while len(out) < n and any(i < len(g) for g in groups):
+        out += [g[i] for g in groups if i < len(g)]
+        i += 1
+    return out[:n]
+
+
+def prefill_tokens(tok, n: int) -> list[int]:
+    """About n tokens of packaged prompt text (BOS first), for the prefill measurement."""
+    text = " ".join(packaged_prompts(40))
+    ids = tok.encode(text, special=False)
+    while len(ids) < n - 1:
+        ids = ids + ids
+    return [tok.llm.token_bos()] + ids[: n - 1]
