@@ -2,8 +2,8 @@
 
 A host serves its CPU with `river rpc-server` (llama.cpp's rpc-server, through the same backend-registry entry
 points); a client names the servers, RiverLlama(rpc_servers="host:port,...") or `--rpc`, and offloads layers
-to them with n_gpu_layers (tensor_split divides them). llama.cpp puts RPC devices first in its device list,
-so the first offloaded layers go to the servers in the order given and the rest stay on the client.
+to them with n_gpu_layers: as for a GPU, the last n_gpu_layers layers go to the servers (in the order given,
+divided by tensor_split) and the first ones stay on the client.
 The protocol has no authentication: serve on 127.0.0.1 or a trusted network only.
 """
 from __future__ import annotations
