@@ -56,3 +56,10 @@ def test_bench_rpc_options_are_checked(tiny_llama, runner):
                       (["--rpc", "local:2"], "--gpu-layers and --rpc go with --mode")):
         r = runner.invoke(app, ["bench", str(tiny_llama), *args])
         assert r.exit_code != 0 and why in r.output and "Traceback" not in r.output
+
+
+def test_chat_names_a_bad_or_absent_server(tiny_llama, runner):
+    for rpc, why in (("nowhere", "expected host:port"), (f"127.0.0.1:{free_port()}", "does not answer")):
+        r = runner.invoke(app, ["chat", str(tiny_llama), "--rpc", rpc, "--gpu-layers", "-1", "--prompt", "hi",
+                                "--max-tokens", "2"])
+        assert r.exit_code != 0 and why in r.output and "Traceback" not in r.output, r.output
