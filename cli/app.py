@@ -124,6 +124,8 @@ def mb(n: int) -> str:
 CacheDir = Annotated[Optional[Path], typer.Option(
     "--cache-dir", envvar="RIVER_EDGE_CACHE", show_default="~/.cache/river-edge",
     help="Where offline models and the default river GGUF are kept.")]
+GpuLayers = Annotated[int, typer.Option(
+    "--gpu-layers", help="Layers offloaded to the devices (a GPU backend, or the --rpc servers); -1: all.")]
 
 
 def _version(value: bool):

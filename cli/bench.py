@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import CacheDir, command, in_cache
+from .app import CacheDir, GpuLayers, command, in_cache
 from .progress import Bars
 
 
@@ -39,9 +39,7 @@ def bench(
              "plain q8_0, q4_k_m, q4_0 (llama-quantize of the backbone, written beside the river GGUF) and shipped "
              "(the file the river was built from, for the offline models); sync (every layer's exit check, no exit: "
              "the cost of one decision), e.g. --mode exact,exact:ngram,shipped,q8_0.")] = None,
-    gpu_layers: Annotated[int, typer.Option(
-        "--gpu-layers", help="With --mode: layers offloaded to the devices (a GPU backend, or the --rpc servers); "
-                             "-1: all.")] = 0,
+    gpu_layers: GpuLayers = 0,
     rpc: Annotated[Optional[str], typer.Option(
         "--rpc", show_default=False,
         help="With --mode: host:port,... of `river rpc-server`s to offload --gpu-layers to; local:N starts N "
@@ -74,14 +72,14 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         raise typer.BadParameter("--gpu-layers and --rpc go with --mode", param_hint="'--rpc'")
     if rpc_delay and not rpc:
         raise typer.BadParameter("--rpc-delay goes with --rpc", param_hint="'--rpc-delay'")
-    n_local = 0
+    n_local, endpoints = 0, None
     if rpc and rpc.startswith("local:"):
-        n_local = int(rpc[6:]) if rpc[6:].isdigit() and int(rpc[6:]) > 0 else 0
-        if not n_local:
+        n_local = int(rpc[6:]) if rpc[6:].isdigit() else 0
+        if n_local < 1:
             raise typer.BadParameter("local:N with N >= 1", param_hint="'--rpc'")
     elif rpc:
         try:
-            parse_endpoints(rpc)
+            endpoints = parse_endpoints(rpc)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="'--rpc'") from None
     kw = dict(M.QUICK if modes else B.QUICK) if quick else {}
@@ -93,16 +91,17 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         kw["max_rounds"] = max_rounds
     with contextlib.ExitStack() as stack:
         stack.enter_context(in_cache(cache_dir))
-        servers = stack.enter_context(local_servers(n_local)) if n_local else parse_endpoints(rpc) if rpc else None
+        servers = stack.enter_context(local_servers(n_local)) if n_local else endpoints
         if rpc_delay:
             servers = stack.enter_context(delayed(servers, rpc_delay))
-        offload = {"n_gpu_layers": gpu_layers, **({"rpc_servers": ",".join(servers)} if servers else {}),
-                   **({"rpc_delay_ms": rpc_delay} if rpc_delay else {})}
+        offload = {"n_gpu_layers": gpu_layers, **({"rpc_servers": ",".join(servers)} if servers else {})}
         with Bars() as bars:
             path = BF.resolve_river(model, bars)
             res = M.run(path, modes, threads=threads, draft=draft, progress=bars,
                         offload=offload if gpu_layers or rpc else None, **kw) if modes else \
                 B.run(path, threads=threads, progress=bars, **kw)
+    if rpc_delay:
+        res["offload"]["rpc_delay_ms"] = rpc_delay
     if modes:
         typer.echo(M.format_table(res))
         where = ("_rpc" + (f"_delay{rpc_delay:g}ms" if rpc_delay else "")) if rpc else "_gpu" if gpu_layers else ""

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import CacheDir, Mode, ModelArg, Threads, command, fail, finite, in_cache, model_path
+from .app import CacheDir, GpuLayers, Mode, ModelArg, Threads, command, fail, finite, in_cache, model_path
 from .progress import Bars
 
 
@@ -39,9 +39,7 @@ def chat(
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy).")] = 0.2,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     ctx: Annotated[int, typer.Option("--ctx", min=64, help="Context length in tokens.")] = 4096,
-    gpu_layers: Annotated[int, typer.Option(
-        "--gpu-layers", help="Layers offloaded to the devices (a GPU backend, or --rpc servers); "
-                                     "-1: all.")] = 0,
+    gpu_layers: GpuLayers = 0,
     rpc: Annotated[Optional[str], typer.Option(
         "--rpc", help="host:port,... of `river rpc-server`s to offload the --gpu-layers to.")] = None,
     cache_dir: CacheDir = None,

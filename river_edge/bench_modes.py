@@ -134,10 +134,8 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     from .host import host, placement
     from .runtime import RiverLlama
 
-    placed = {k: v for k, v in (offload or {}).items() if k in ("n_gpu_layers", "rpc_servers")}   # the rest: notes
-
     def load(path):
-        return RiverLlama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0, **placed)
+        return RiverLlama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0, **(offload or {}))
 
     llm = load(files["river"])
     if not llm.has_river:

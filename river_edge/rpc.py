@@ -180,7 +180,7 @@ def delayed(endpoints: list[str], delay_ms: float):
             q.put((time.monotonic() + delay_ms / 1e3, data))
         q.put((0.0, None))
 
-    def serve(lst, target):
+    def forward(lst, target):
         host, port = target.rsplit(":", 1)
         while not stop.is_set():
             try:
@@ -200,7 +200,7 @@ def delayed(endpoints: list[str], delay_ms: float):
             lst.listen()
             listeners.append(lst)
             out.append(f"127.0.0.1:{lst.getsockname()[1]}")
-            threading.Thread(target=serve, args=(lst, ep), daemon=True).start()
+            threading.Thread(target=forward, args=(lst, ep), daemon=True).start()
         yield out
     finally:
         import gc

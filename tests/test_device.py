@@ -11,7 +11,6 @@ greedy tokens.
 """
 from __future__ import annotations
 
-import gc
 import math
 import os
 
@@ -44,9 +43,7 @@ def device():
         assert connect(endpoints) == 2
         found = devices()
         assert sum(d.startswith("RPC") for d in found) == 2, found
-        yield found
-        # models still alive free their buffers on the servers: before the servers stop (ggml aborts otherwise)
-        gc.collect()
+        yield found   # local_servers frees the models left before the servers stop
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "llama-half", "qwen2-half", "smollm2"])

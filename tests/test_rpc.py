@@ -51,6 +51,18 @@ def test_bench_over_local_rpc_servers(tiny_llama, tmp_path):
     assert "us per checked layer" in r.stdout
 
 
+def test_bench_through_a_delaying_forwarder(tiny_llama, tmp_path):
+    """--rpc-delay routes every message through a forwarder that holds it: the run still completes, exact
+    still writes the backbone's tokens, and the JSON says what latency was added."""
+    r = subprocess.run([sys.executable, "-m", "river_edge.cli.main", "bench", str(tiny_llama), "--mode", "exact",
+                        "--rpc", "local:1", "--rpc-delay", "1", "--gpu-layers", "-1", "--quick", "-o", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((tmp_path / "bench_modes_tiny-llama_rpc_delay1ms.json").read_text())
+    assert res["offload"]["rpc_delay_ms"] == 1.0 and sum(d.startswith("RPC") for d in res["offload"]["devices"]) == 1
+    assert res["configs"]["exact"]["identical_runs"] == res["configs"]["exact"]["runs"] == 1
+
+
 def test_bench_rpc_options_are_checked(tiny_llama, runner):
     for args, why in ((["--rpc", "local:0", "--mode", "exact"], "local:N with N >= 1"),
                       (["--rpc", "local:2"], "--gpu-layers and --rpc go with --mode")):
