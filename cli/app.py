@@ -161,6 +161,7 @@ def model_path(model: Optional[str], bars) -> Path:
 
 
 Mode = Enum("Mode", {m: m for m in ("exact", "gated", "river", "fast", "backbone")}, type=str)  # spec.MODES
+Decide = Enum("Decide", {d: d for d in ("sync", "lagged")}, type=str)  # format.DECISIONS
 ModelArg = Annotated[Optional[str], typer.Argument(
     metavar="MODEL", show_default=False,
     help="A GGUF (river or plain), or a prepared model's name. Default: the SmolLM2-135M-Instruct river "

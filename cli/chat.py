@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import CacheDir, GpuLayers, Mode, ModelArg, Threads, command, fail, finite, in_cache, model_path
+from .app import CacheDir, Decide, GpuLayers, Mode, ModelArg, Threads, command, fail, finite, in_cache, model_path
 from .progress import Bars
 
 
@@ -39,6 +39,10 @@ def chat(
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy).")] = 0.2,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     ctx: Annotated[int, typer.Option("--ctx", min=64, help="Context length in tokens.")] = 4096,
+    decide: Annotated[Optional[Decide], typer.Option(
+        "--decide", case_sensitive=False, show_default="sync",
+        help="River mode's exit decision: sync (the paper's rule, a read-back per checked layer) or lagged (the "
+             "rule on the previous token's scores, no sync inside a step: for GPUs and rpc-servers).")] = None,
     gpu_layers: GpuLayers = 0,
     rpc: Annotated[Optional[str], typer.Option(
         "--rpc", help="host:port,... of `river rpc-server`s to offload the --gpu-layers to.")] = None,
@@ -62,12 +66,15 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
         raise typer.BadParameter("--gate needs --mode gated", param_hint="'--gate'")
     if drafter is not None and (mode is None or mode.value != "exact"):
         raise typer.BadParameter("--drafter needs --mode exact", param_hint="'--drafter'")
+    if decide is not None and (no_river or (mode is not None and mode.value != "river")):
+        raise typer.BadParameter("--decide needs river mode (the default)", param_hint="'--decide'")
     with in_cache(cache_dir):
         with Bars() as bars:
             path = model_path(model, bars)
     llm = load(path, tau=tau, river=not no_river, threads=threads, n_ctx=ctx, seed=seed,
                mode=mode.value if mode is not None else None, **({"gate": gate} if gate is not None else {}),
-               **({"drafter": drafter} if drafter is not None else {}), n_gpu_layers=gpu_layers,
+               **({"drafter": drafter} if drafter is not None else {}),
+               **({"decide": decide.value} if decide is not None else {}), n_gpu_layers=gpu_layers,
                **({"rpc_servers": rpc} if rpc else {}))
     if tau is not None and not llm.has_river:
         fail(f"{path}: --tau needs a river GGUF (this one has no river)")

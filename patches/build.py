@@ -35,7 +35,7 @@ CMAKE_ARGS = [
     "-DGGML_RPC=ON",
 ]
 # As llama.cpp's release builds: every CPU variant as a loadable module, the best one the host can run
-# chosen at load (patch 0009 installs and loads them). The wheel then runs on any host of its
+# chosen at load (patch 0010 installs and loads them). The wheel then runs on any host of its
 # architecture, and AMX, AVX512 or AVX2 kernels are used where the CPU has them.
 PORTABLE = ["-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_NATIVE=OFF"]
 

@@ -7,7 +7,8 @@ rotating every round. Exact mode runs with each drafter through the same loop an
 (`exact` the river, `exact:ngram` prompt lookup, `exact:ngram-cache`, `exact:river+ngram`, `exact:draft` a
 separate draft model). `sync` is the backbone with the exit rule's cosine read back at every exit-able layer and
 never exiting (every threshold 1.0): against `backbone`, what one exit decision costs (a device-to-host sync
-where layers run on a GPU or an rpc-server). `offload` runs every configuration with layers on devices
+where layers run on a GPU or an rpc-server); `river:lagged` is the rule on the previous step's scores, which
+reads them once after each step instead. `offload` runs every configuration with layers on devices
 (n_gpu_layers, rpc_servers: river_edge/rpc.py).
 Per configuration: median over (round, prompt) of its tok/s divided by the backbone's tok/s of the same
 round and prompt, with a bootstrap 95% interval; rounds are added until every interval is within
@@ -33,7 +34,8 @@ from .spec import MODES
 PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
 SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
 SYNC = ("sync",)   # the rule checking every layer and never exiting: the cost of the exit decisions
-CONFIGS = MODES + SPEC + SYNC + PLAIN
+LAGGED = ("river:lagged",)   # the rule on the previous step's scores: no sync inside the graph
+CONFIGS = MODES + LAGGED + SPEC + SYNC + PLAIN
 DRAFTS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}    # the zoo's default draft model per model
 DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4, max_rounds=12, ci=0.05)
 QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1)
@@ -157,14 +159,15 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
             finally:
                 llm.thresholds = tau
         mode = c.split(":")[0]
+        llm.decide = "lagged" if c == "river:lagged" else "sync"
         llm.mode = mode
         if mode == "exact":
             llm.drafter = drafter[c]
-        if c == "river":
+        if mode == "river":
             llm.reset_stats()
         out = _gen(llm, p, tokens)
         st = llm.stats()
-        if c == "river":
+        if mode == "river":
             st["hist"] = llm.exit_histogram().tolist()
         return out, st
 
@@ -263,7 +266,9 @@ def _memory_probe(arg: str) -> None:
         mode, _, drafter = a["config"].partition(":")
         if a["config"] not in PLAIN:
             m.mode = mode
-            if drafter:
+            if drafter == "lagged":
+                m.decide = "lagged"
+            elif drafter:
                 m.drafter = DraftModel(a["draft"], m) if drafter == "draft" else drafter
         return m
     print(json.dumps(peak_rss(load, lambda m: _gen(m, a["prompt"], 16))))
@@ -279,7 +284,7 @@ def _telemetry(c: str, sts: list[dict], n_layer: int) -> dict:
     if c == "gated":
         fb, toks = sum(s["fallbacks"] for s in sts), sum(s["tokens"] for s in sts)
         return {"fallback_rate": fb / max(toks, 1), "gate_entropy": sts[-1].get("gate_entropy")}
-    if c == "river":
+    if c.startswith("river"):
         h = np.sum([s["hist"] for s in sts], axis=0)
         return {"mean_depth": F.mean_depth(h), "hist": h.tolist()}
     return {}

@@ -30,6 +30,7 @@ DEFAULT_MIN_EXIT_LAYER = 1
 # The C API's sentinels (llama.h, LLAMA_RIVER_*), one meaning each: exit layers are -1 (all river) .. n_layer-1
 EXIT_RULE = -2  # llama_river_set_forced_exit: no forced exit, the rule decides
 EXIT_NONE = -3  # llama_river_last_exit: no ubatch ran the river graph (yet, or river off)
+EXIT_LAGGED = -4  # llama_river_set_forced_exit: the rule on the previous ubatch's scores (no sync in the graph)
 ERR_NONE, ERR_SIZE, ERR_VALUE, ERR_HEAD = -100, -101, -102, -103   # no river; buffer size; value; no river head
 
 # Optional low-bit copy of the LM head; the runtime uses it only when every layer is river (drafting, `fast`).
@@ -56,7 +57,7 @@ class RiverError(Exception):
 
 
 # -- the rules for river keys and controls: one place for `river validate`, `inspect`, RiverLlama's setters and
-# the gated mode. The patched loader and C API (patches/0001, 0003: llama_river_threshold_ok) apply the same
+# the gated mode. The patched loader and C API (patches/0002, 0004: llama_river_threshold_ok) apply the same
 # rules, and tests/test_validation.py feeds the same bad files to both.
 
 def _number(v, what: str) -> float:
@@ -108,6 +109,17 @@ def check_min_exit_layer(v, n_layer: int, what: str = "min exit layer") -> int:
 def check_forced_exit(v, n_layer: int) -> int | None:
     """None (the rule decides), -1 (all river) .. n_layer - 1 (backbone)."""
     return None if v is None else _layer(v, "forced exit layer", -1, n_layer - 1)
+
+
+DECISIONS = ("sync", "lagged")   # how the rule reads the scores: per layer as it runs, or the previous step's
+
+
+def check_decide(v) -> str:
+    """The rule's decision: sync (the paper's rule: each checked layer's score read as it finishes, a sync per
+    layer) or lagged (the exit chosen from the previous step's scores, all read once after the step)."""
+    if v not in DECISIONS:
+        raise RiverError(f"decide {v!r}: use one of {', '.join(DECISIONS)}")
+    return v
 
 
 def check_gate(v, what: str = "gate") -> float:

@@ -67,7 +67,7 @@ def cpu_variant() -> str | None:
 
 def devices() -> list[str]:
     """ggml's devices as 'NAME: description' (CPU, CUDA0, Vulkan0, ...), from the registry of the libggml that
-    libllama uses (llama_cpp.llama_cpp._ggml, patch 0009); [] on a runtime without it."""
+    libllama uses (llama_cpp.llama_cpp._ggml, patch 0010); [] on a runtime without it."""
     import ctypes
 
     import llama_cpp

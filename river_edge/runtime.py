@@ -1,7 +1,7 @@
 """River GGUFs in the patched llama.cpp, through llama-cpp-python.
 
 `RiverLlama` is a `llama_cpp.Llama`: completions, chat completions, streaming and llama-cpp-python's
-OpenAI-compatible server work unchanged, plus the river controls and telemetry of patches/0004 (llama.h).
+OpenAI-compatible server work unchanged, plus the river controls and telemetry of patches/0001 (llama.h).
 The bindings go through llama_cpp's own loaded library, so there is one copy of llama.cpp in the process.
 """
 from __future__ import annotations
@@ -97,7 +97,8 @@ class RiverLlama(llama_cpp.Llama):
     """A llama_cpp.Llama on a river GGUF (or any GGUF: without a river it is the stock model).
 
     Keyword arguments are Llama's, plus `thresholds`, `min_exit_layer` and `forced_exit` overriding
-    the GGUF's river keys, `river=False` to run the stock graph, `river_head=False` to draft with
+    the GGUF's river keys, `decide="lagged"` for the rule on the previous step's scores (no sync per layer: for
+    devices where one costs, docs/backends.md), `river=False` to run the stock graph, `river_head=False` to draft with
     the backbone's LM head instead of the GGUF's river head, `drafter` for exact mode ("river", "ngram",
     "river+ngram" or a draft model's GGUF path: river_edge/drafters.py), `extra_bufts=False` to keep every
     weight out of ggml's extra buffer types (AMX, CPU_REPACK: repacked layouts, faster kernels), and
@@ -124,8 +125,10 @@ class RiverLlama(llama_cpp.Llama):
     def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
                  min_exit_layer: int | None = None, forced_exit: int | None = None, river: bool = True,
                  river_head: bool = True, mode: str | None = None, gate: float | None = None,
-                 drafter: str | None = None, extra_bufts: bool = True, rpc_servers=None, **kwargs):
+                 drafter: str | None = None, extra_bufts: bool = True, rpc_servers=None, decide: str = "sync",
+                 **kwargs):
         path = Path(model_path)
+        self._decide = F.check_decide(decide)
         self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
         from .tokenizer import quiet_llama_logs
@@ -177,7 +180,7 @@ class RiverLlama(llama_cpp.Llama):
             return ("gated", self._spec.gate, self.river_head)
         e = self.forced_exit
         if e is None:
-            return ("rule", tuple(self.thresholds), self.min_exit_layer)
+            return ("rule", tuple(self.thresholds), self.min_exit_layer, self._decide)
         if e == self.n_layer - 1:
             return ("backbone",)
         return ("forced", e, self.river_head if e == -1 else None)
@@ -288,7 +291,7 @@ class RiverLlama(llama_cpp.Llama):
         """None: the rule decides; -1: all river; e: backbone 0..e, river after; n_layer-1: backbone."""
         lib, ctx = self._need_river()
         e = int(lib.llama_river_get_forced_exit(ctx))
-        return None if e == F.EXIT_RULE else e
+        return None if e in (F.EXIT_RULE, F.EXIT_LAGGED) else e
 
     @forced_exit.setter
     def forced_exit(self, e: int | None) -> None:
@@ -301,8 +304,22 @@ class RiverLlama(llama_cpp.Llama):
         drops cells written under another exit instead."""
         lib, ctx = self._need_river()
         e = F.check_forced_exit(e, self.n_layer)
-        if lib.llama_river_set_forced_exit(ctx, F.EXIT_RULE if e is None else e) != 0:
+        rule = F.EXIT_LAGGED if self._decide == "lagged" else F.EXIT_RULE
+        if lib.llama_river_set_forced_exit(ctx, rule if e is None else e) != 0:
             raise RiverError(f"llama.cpp refused forced exit layer {e}")
+
+    @property
+    def decide(self) -> str:
+        """How the rule decides: "sync" (the paper's rule: each checked layer's score read back as it finishes)
+        or "lagged" (the exit fixed before a step from the previous step's scores, the river's past its exit,
+        read once after it: no sync inside the graph). The first step after setting it runs the backbone."""
+        return self._decide
+
+    @decide.setter
+    def decide(self, d: str) -> None:
+        self._decide = F.check_decide(d)
+        if self.has_river and self.forced_exit is None:
+            self.forced_exit = None   # the rule again, under the new decision
 
     @property
     def has_river_head(self) -> bool:

@@ -95,6 +95,18 @@ def test_cli_gate(tiny_llama):
     assert answer("--mode", "gated", "--gate", "1e9") != backbone
 
 
+def test_cli_decide(tiny_llama, monkeypatch):
+    """--decide lagged reaches the model the chat runs (and the rule ran under it); it needs river mode."""
+    import river_edge.chat as CH
+
+    made, real = [], CH.load
+    monkeypatch.setattr(CH, "load", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    run("chat", tiny_llama, "--decide", "lagged", "-p", "hello", "-n", "3", "--temp", "0")
+    assert made[-1].decide == "lagged" and made[-1].forced_exit is None and made[-1].exit_histogram().sum() > 0
+    r = run("chat", tiny_llama, "--mode", "exact", "--decide", "lagged", "-p", "x", code=2)
+    assert "--decide needs river mode" in r.stderr
+
+
 def test_cli_pipe_and_color(tiny_llama):
     r = run("chat", tiny_llama, "-n", "4", "--tau", "0.5", "--color-depth", "--system", "x", input="hi\n/stats\n")
     assert "\x1b[" in r.stdout and "1 answers" in r.stdout

@@ -2,7 +2,7 @@
 
 The runtime is built as llama.cpp's releases are (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS: one
 libggml-cpu-<variant> per ISA level, the best one loaded by default). Each variant the host can run is
-loaded alone (GGML_CPU_VARIANT, patch 0009) in a subprocess that runs the buffer-type matrix of
+loaded alone (GGML_CPU_VARIANT, patch 0010) in a subprocess that runs the buffer-type matrix of
 test_runtime.py's invariants; a variant this CPU cannot execute is skipped with that reason.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 import pytest
-from test_runtime import PROMPT, greedy   # the same prompt and decode loop as the CPU invariants
+from test_runtime import PROMPT, greedy, mixed_thresholds, rule_exit   # as the CPU invariants
 
 DEVICE = os.environ.get("RIVER_TEST_DEVICE")
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="device tests run with RIVER_TEST_DEVICE "
@@ -119,3 +119,30 @@ def test_exact_is_the_backbone(case):
     got = [next(g) for _ in range(32)]
     g.close()
     assert got == want and ex._spec.st.drafted > 0
+
+
+def test_lagged_rule(case):
+    """The lagged rule on the device: each step's exit is the rule on the scores read after the previous step (one
+    read per backend: a split model has two), and forcing the same exits step by step gives the same logits."""
+    path, gpu = case
+    make = lambda p, **kw: river(p, gpu, **kw)   # noqa: E731
+    L = make(path).n_layer
+    tau = mixed_thresholds(path, L, 0, 24, make)
+    m = make(path, thresholds=tau, min_exit_layer=0, decide="lagged")
+    toks, feed, prev, exits = list(PROMPT), PROMPT, None, []
+    for step in range(25):
+        m.eval(feed)
+        d = rule_exit(prev, tau, 0, L, L - 2) if prev is not None else None
+        assert m.last_exit == (d if d is not None else L - 1), (step, m.last_exit, prev)
+        prev = m.last_scores()
+        exits.append(m.last_exit)
+        toks.append(int(np.argmax(m.scores[m.n_tokens - 1])))
+        feed = [toks[-1]]
+    assert min(exits) < L - 1, exits
+    f = make(path)
+    for i, e in enumerate(exits):
+        f.force_exit(e)
+        f.eval(toks[: len(PROMPT)] if i == 0 else [toks[len(PROMPT) + i - 1]])
+    got, want = np.array(f.scores[: f.n_tokens]), np.array(m.scores[: m.n_tokens])
+    # Vulkan fuses neighbouring ops differently when the river's scores run between its layers (see above)
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= (0 if DEVICE == "rpc" else 1e-6)

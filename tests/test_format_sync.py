@@ -35,3 +35,8 @@ def test_constants_agree():
     # one meaning per value: no sentinel equals another, and no error reads as an exit layer (>= -1) or a sentinel
     assert len(set(defines.values())) == len(defines)
     assert all(int(v) < -99 for k, v in defines.items() if k.startswith("ERR_"))
+
+
+def test_every_llama_h_addition_is_in_one_patch():
+    touching = [p.name for p in sorted(PATCHES.glob("*.patch")) if "+++ b/include/llama.h" in p.read_text()]
+    assert touching == ["0001-river-api.patch"], touching

@@ -1,4 +1,4 @@
-"""The patched runtime (RiverLlama over patches/0004's C API) against the PyTorch reference, on tiny river
+"""The patched runtime (RiverLlama over the C API of patches/0001) against the PyTorch reference, on tiny river
 GGUFs of both architectures: the invariants of docs/design.md §3, batches, prefill ubatches, bad
 input and graph reuse.
 
@@ -259,10 +259,10 @@ def test_no_river_head(tiny_llama_base, tmp_path):
 
 # -- 3 + 4. a generation exiting at different layers: decisions, scores, logits and cache ---------------
 
-def test_generation_with_mixed_exits(river_path, ref):
-    L, m0, n_new = ref.args.n_layer, 0, 64
-    # thresholds from the scores of a generation that never exits (tau = 1: every layer scored)
-    probe = river(river_path, thresholds=1.0, min_exit_layer=m0)
+def mixed_thresholds(river_path, L, m0, n_new, make=None):
+    """Thresholds from the scores of a generation that never exits (tau = 1: every layer scored), set so that
+    a generation exits at several layers. `make`: how to load the model (default river())."""
+    probe = (make or river)(river_path, thresholds=1.0, min_exit_layer=m0)
     probe.eval(PROMPT)
     s = []
     for _ in range(n_new):
@@ -271,8 +271,12 @@ def test_generation_with_mixed_exits(river_path, ref):
     s = np.array(s)
     tau = [float(np.quantile(s[:, l], q)) for l, q in zip(range(L - 1), (0.75, 0.6, 0.5))] + [INF]
     tau += [INF] * (L - len(tau))
-    tau = tau[:L]
+    return tau[:L]
 
+
+def test_generation_with_mixed_exits(river_path, ref):
+    L, m0, n_new = ref.args.n_layer, 0, 64
+    tau = mixed_thresholds(river_path, L, m0, n_new)
     m = river(river_path, thresholds=tau, min_exit_layer=m0)
     c = ref.new_cache(N_CTX)
     toks, exits, ties, rows = list(PROMPT), [], 0, []
@@ -308,6 +312,48 @@ def test_generation_with_mixed_exits(river_path, ref):
     assert ties <= 3, ties
     assert m.exit_histogram().sum() == n_new + 1
     assert np.bincount(np.array(exits) + 1, minlength=L + 1).tolist() == m.exit_histogram().tolist()
+
+
+# -- 3b. the lagged rule: the exit fixed from the previous step's scores, read once after the step -------
+
+def test_lagged_rule(river_path, ref):
+    L, m0, n_new = ref.args.n_layer, 0, 48
+    tau = mixed_thresholds(river_path, L, m0, n_new)
+    checked = [l for l in range(m0, L - 1) if tau[l] != INF]
+    m = river(river_path, thresholds=tau, min_exit_layer=m0, decide="lagged")
+    assert m.forced_exit is None and m.decide == "lagged"
+    c = ref.new_cache(N_CTX)
+    toks, feed, prev, exits, rows = list(PROMPT), PROMPT, None, [], []
+    for step in range(n_new + 1):
+        if step:
+            load_cache(c, m._ctx.ctx)
+        m.eval(feed)
+        e, scores = m.last_exit, m.last_scores()
+        # the decision: the rule on the previous step's scores as read (the first step runs the backbone)
+        d = rule_exit(prev, tau, m0, L, L - 2) if prev is not None else None
+        assert e == (d if d is not None else L - 1), (step, e, prev, tau)
+        # the scores: of the layer that ran, backbone up to e and river past it, NaN where not checked
+        st = ref.step([(feed, c)], Policy(forced=e), keep_hidden=True)
+        h = st.hidden
+        sims = torch.nn.functional.cosine_similarity(h[:-1], h[1:], dim=-1).min(1).values.numpy()
+        assert np.isnan(np.delete(scores, checked)).all(), (step, scores)
+        # the river's layers within 10x the backbone's tolerance, as their logits (assert_close's `mixed`)
+        tol = np.array([SCORE_TOL if l <= e else 10 * SCORE_TOL for l in checked])
+        assert (np.abs(scores[checked] - sims[checked]) <= tol).all(), (step, e, scores, sims)
+        prev = scores
+        exits.append(e)
+        rows.append(np.array(m.scores[m.n_tokens - len(feed): m.n_tokens]))
+        if step == n_new:
+            break
+        toks.append(int(np.argmax(m.scores[m.n_tokens - 1])))
+        feed = [toks[-1]]
+    assert len(set(exits)) >= 3 and min(exits) < L - 1, exits
+    # the scores' extra nodes change nothing else: the same exits forced step by step write the same logits
+    f = river(river_path)
+    for i, e in enumerate(exits):
+        f.force_exit(e)
+        f.eval(toks[: len(PROMPT)] if i == 0 else [toks[len(PROMPT) + i - 1]])
+    assert np.array(f.scores[: f.n_tokens]).tobytes() == np.concatenate(rows).tobytes()
 
 
 # -- 5. all-river: the stock model made of the river weights --------------------------------------------

@@ -75,7 +75,8 @@ def test_good_keys_accepted_by_both(case, tiny_llama, tmp_path):
     ("thresholds", "0.5"), ("thresholds", [0.5] * (L - 1)), ("thresholds", -0.1), ("thresholds", math.nan),
     ("thresholds", [0.5, 0.5, 0.5, 2.0]), ("thresholds", None), ("thresholds", True),
     ("min_exit_layer", 1.7), ("min_exit_layer", L), ("min_exit_layer", -1), ("min_exit_layer", "1"),
-    ("forced_exit", 1.7), ("forced_exit", L), ("forced_exit", -2), ("forced_exit", "0"),
+    ("forced_exit", 1.7), ("forced_exit", L), ("forced_exit", -2), ("forced_exit", -4), ("forced_exit", "0"),
+    ("decide", "fast"), ("decide", None), ("decide", 1),
     ("gate", "abc"), ("gate", math.nan), ("gate", -0.5),
 ])
 def test_bad_settings_are_river_errors(tiny_llama, attr, value):
