@@ -69,7 +69,7 @@ class ModelDraft(LlamaDraftModel):
 def load(config: str, a) -> llama_cpp.Llama:
     kw = dict(n_ctx=1024, n_threads=a.threads, n_threads_batch=a.threads, seed=0, verbose=False)
     if config == "exact":
-        from river_edge.runtime import RiverLlama
+        from river_edge.runtime.llama import RiverLlama
         return RiverLlama(a.river, mode="exact", **kw)
     if config == "prompt-lookup":
         return llama_cpp.Llama(a.backbone, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), **kw)
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
         mem[c] = json.loads(lines[-1])["peak_mib"] if lines else None
     files = {"backbone": a.backbone, "river": a.river, "draft": a.draft}
-    from river_edge.host import host
+    from river_edge.measure.host import host
 
     summary = {
         "model": a.name, "files": files, "file_mib": {k: Path(v).stat().st_size / 2**20 for k, v in files.items()},

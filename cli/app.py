@@ -130,7 +130,7 @@ GpuLayers = Annotated[int, typer.Option(
 
 def _version(value: bool):
     if value:
-        from river_edge.host import runtime
+        from river_edge.measure.host import runtime
 
         rt = runtime()
         if rt["llama_cpp_python"] is None:

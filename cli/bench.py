@@ -62,10 +62,11 @@ all-river, plain Q8_0 and Q4_0 (written once next to the river GGUF), and a forc
 the ideal line. Prints a table with ratios to the backbone, mean backbone depth, the share of the step \
 spent deciding exits and peak memory; writes the table as JSON and a PNG.
     """
-    from river_edge import bench as B
-    from river_edge import bench_files as BF
-    from river_edge import bench_modes as M
-    from river_edge.rpc import delayed, local_servers, parse_endpoints
+    from river_edge.measure import bench as B
+    from river_edge.measure import files as BF
+    from river_edge.measure import modes as M
+    from river_edge.measure import plots as P
+    from river_edge.runtime.rpc import delayed, local_servers, parse_endpoints
 
     modes = M.parse_modes(mode) if mode is not None else None
     if (gpu_layers or rpc) and not modes:
@@ -105,10 +106,10 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
     if modes:
         typer.echo(M.format_table(res))
         where = ("_rpc" + (f"_delay{rpc_delay:g}ms" if rpc_delay else "")) if rpc else "_gpu" if gpu_layers else ""
-        j, png = B.write(res, out, f"bench_modes_{res['model']}{where}", M.figure)
+        j, png = B.write(res, out, f"bench_modes_{res['model']}{where}", P.modes)
     else:
         typer.echo(B.format_table(res))
-        j, png = B.write(res, out, f"bench_{res['model']}")
+        j, png = B.write(res, out, f"bench_{res['model']}", P.runtime)
     typer.echo(f"\nwrote {j}\nwrote {png}")
 
 

@@ -24,7 +24,7 @@ def demo(
 speed and depth, and the benchmark table (backbone vs river vs plain quantization)."""
     import sys
 
-    from river_edge import bench as B
+    from river_edge.measure import bench as B
     from river_edge.calibration.report import format_summary
     from river_edge.chat import Chat, load
     from river_edge.defaults import default_river, stored_summary

@@ -50,7 +50,7 @@ def eval_(
 template), so decode speeds are measured in the same run. Prints accuracy, decode tok/s (and its ratio \
 to the backbone) and mean backbone depth; writes the per-problem JSON lines and a summary JSON.
     """
-    from river_edge import evaluate as E
+    from river_edge.measure import evaluate as E
 
     cfgs = [c for c in configs.split(",")] if configs else None
     if cfgs is not None:

@@ -17,7 +17,7 @@ def rpc_server(
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads to compute with.")] = None,
 ):
     """Serve this machine's CPU to RPC clients (llama.cpp's rpc-server) until stopped."""
-    from river_edge.rpc import serve
+    from river_edge.runtime.rpc import serve
 
     typer.echo(f"rpc-server on {host}:{port} (Ctrl-C stops it)", err=True)
     serve(host, port, threads)

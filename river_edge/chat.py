@@ -32,7 +32,7 @@ def load(model: str | Path, *, tau: float | None = None, river: bool = True, thr
          n_ctx: int = 4096, seed: int = 0, mode: str | None = None, **kwargs):
     """A RiverLlama for chatting: `tau` one threshold for every layer (over the GGUF's), `river=False`
     the backbone alone. A GGUF without a river runs as the stock model (tau then is an error)."""
-    from .runtime import RiverLlama
+    from river_edge.runtime.llama import RiverLlama
     from .tokenizer import quiet_llama_logs
 
     if mode is not None:
@@ -46,7 +46,7 @@ def load(model: str | Path, *, tau: float | None = None, river: bool = True, thr
     return llm
 
 
-SPEC_MODES = ("exact", "gated")  # modes that own the decoding loop (river_edge/spec.py)
+SPEC_MODES = ("exact", "gated")  # modes that own the decoding loop (river_edge/runtime/spec.py)
 
 
 def river_active(llm) -> bool:

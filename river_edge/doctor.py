@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import host as H
+from river_edge.measure import host as H
 
 
 def report(model: Path | None = None, threads: int | None = None) -> str:
@@ -28,7 +28,7 @@ def report(model: Path | None = None, threads: int | None = None) -> str:
         lines.append(f"devices     {'; '.join(rt['devices']) or '?'}; {variant}")
         lines.append(f"ggml        {rt['system_info']}")
     if model is not None and rt["patched"]:
-        from .runtime import RiverLlama
+        from river_edge.runtime.llama import RiverLlama
 
         placed = {}
         for extra in (True, False):   # loaded twice: the weights' buffer types with ggml's extra types and without

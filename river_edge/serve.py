@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from .format import RiverError
-from .spec import MODES
+from river_edge.runtime.spec import MODES
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
 
@@ -104,7 +104,7 @@ def create_app(model: Path, *, name: str | None = None, mode: str | None = None,
                threads: int | None = None, **river_kw):
     """The OpenAI app over one river GGUF (`mode` for requests that name no mode; default exact, or
     backbone for a GGUF without a river) and its proxy."""
-    from .runtime import RiverLlama
+    from river_edge.runtime.llama import RiverLlama
 
     server_app, ModelSettings, ServerSettings = _deps()
     name = name or Path(model).name.removesuffix(".gguf")

@@ -70,7 +70,7 @@ def pytest_terminal_summary(terminalreporter):
                if r.when == "call" and "extra_bufts" in r.nodeid]
     if not reports:
         return
-    from river_edge.host import cpu
+    from river_edge.measure.host import cpu
 
     on = sum("-extra_bufts" in r.nodeid for r in reports)
     failed = sum(r.failed for r in reports)

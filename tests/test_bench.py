@@ -1,4 +1,4 @@
-"""The benchmark engine (river_edge.bench) and `river bench`, end to end on the tiny llama river GGUF.
+"""The benchmark engine (river_edge.measure.bench) and `river bench`, end to end on the tiny llama river GGUF.
 
 Shapes and sanity only: no timing assertions (the speed targets live in the benchmark's output).
 One thread, one round, a few tokens: the tiny model decodes in well under a millisecond per token.
@@ -14,8 +14,9 @@ import pytest
 
 from river_edge.gguf_tools.convert import plain
 
-from river_edge import bench as B
-from river_edge import bench_files as BF
+from river_edge.measure import bench as B
+from river_edge.measure import files as BF
+from river_edge.measure import plots as P
 from river_edge.format import RiverError
 from river_edge.cli.main import app
 
@@ -80,7 +81,7 @@ def test_engine_end_to_end(river_copy, tmp_path):
     for f in ("tiny.backbone.gguf", "tiny.plain.q8_0.gguf", "tiny.plain.q4_0.gguf"):
         assert (river_copy.parent / f).is_file()
 
-    j, png = B.write(res, tmp_path / "out", "runtime_tiny")
+    j, png = B.write(res, tmp_path / "out", "runtime_tiny", P.runtime)
     data = json.loads(j.read_text())  # strict JSON: no Infinity/NaN tokens
     assert data["configs"]["river"]["decode_tps"] == res["configs"]["river"]["decode_tps"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -117,10 +118,10 @@ def test_cli_bench_errors(runner, tiny_llama_base, tmp_path):
     assert r.exit_code == 2
 
 
-# -- decoding modes (river_edge.bench_modes, `river bench --mode`) -------------------------------------
+# -- decoding modes (river_edge.measure.modes, `river bench --mode`) -------------------------------------
 
 def test_modes_bench_end_to_end(river_copy, tmp_path):
-    from river_edge import bench_modes as M
+    from river_edge.measure import modes as M
 
     modes = M.parse_modes("exact,exact:ngram,exact:draft,gated,river,fast,backbone,q4_k_m")
     draft = plain(river_copy, tmp_path / "draft.gguf", "river")     # the river's weights as a separate model
@@ -150,7 +151,7 @@ def test_modes_bench_end_to_end(river_copy, tmp_path):
 
 def test_modes_bench_adds_rounds_until_the_intervals_settle(river_copy, monkeypatch):
     """Rounds beyond the minimum are run while an interval is wider than +-ci, and stop at max_rounds."""
-    from river_edge import bench_modes as M
+    from river_edge.measure import modes as M
 
     res = M.run(river_copy, ["exact"], threads=1, tokens=3, rounds=1, max_rounds=3, ci=1e-9, prompts=SHORT[:1],
                 memory=False)
@@ -163,7 +164,7 @@ def test_modes_bench_adds_rounds_until_the_intervals_settle(river_copy, monkeypa
 def test_modes_bench_shipped_file(river_copy, tiny_llama_base, monkeypatch):
     """`shipped` times the file the river was built from, run by stock code; a river whose source file is
     not in the cache gets one clear error."""
-    from river_edge import bench_modes as M
+    from river_edge.measure import modes as M
 
     with pytest.raises(RiverError, match="shipped: the file this river GGUF was built from"):
         M.run(river_copy, M.parse_modes("shipped"), threads=1, tokens=3, rounds=1, prompts=SHORT[:1])

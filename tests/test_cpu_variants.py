@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
-R = pytest.importorskip("river_edge.runtime")
+R = pytest.importorskip("river_edge.runtime.llama")
 
 LIB = Path(llama_cpp.__file__).with_name("lib")
 VARIANTS = sorted(p.name.split("ggml-cpu-", 1)[1].split(".", 1)[0] for p in LIB.glob("*ggml-cpu-*.so"))

@@ -29,7 +29,7 @@ HALF = 2   # of the tiny models' 4 layers: the graph split between the device(s)
 
 @pytest.fixture(scope="module", autouse=True)
 def device():
-    from river_edge.host import devices
+    from river_edge.measure.host import devices
 
     assert DEVICE in ("vulkan", "rpc"), f"RIVER_TEST_DEVICE={DEVICE!r}: vulkan or rpc"
     if DEVICE == "vulkan":
@@ -37,7 +37,7 @@ def device():
         assert any(d.lower().startswith("vulkan") for d in found), f"no Vulkan device: {found}"
         yield found
         return
-    from river_edge.rpc import connect, local_servers
+    from river_edge.runtime.rpc import connect, local_servers
 
     with local_servers(2) as endpoints:
         assert connect(endpoints) == 2
@@ -59,7 +59,7 @@ def case(request, tiny_llama, tiny_qwen2, tmp_path_factory):
 
 
 def river(path, gpu, **kw):
-    from river_edge.runtime import RiverLlama
+    from river_edge.runtime.llama import RiverLlama
 
     kw = {"logits_all": True, **kw}
     return RiverLlama(str(path), n_ctx=N_CTX, n_threads=2, n_threads_batch=2, n_gpu_layers=gpu, **kw)

@@ -1,4 +1,4 @@
-"""Exact mode's drafters (river_edge/drafters.py): prompt lookup, the river with n-gram proposals, a separate
+"""Exact mode's drafters (river_edge/runtime/drafters.py): prompt lookup, the river with n-gram proposals, a separate
 draft model. Every drafter goes through the same loop, so each must give the backbone's greedy tokens, and
 each must actually draft (a drafter that never proposes would pass the first check trivially)."""
 from __future__ import annotations
@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from river_edge.drafters import CostModel, Ngram, NgramCache
+from river_edge.runtime.costs import CostModel
+from river_edge.runtime.drafters import Ngram, NgramCache
 from river_edge.format import RiverError
 from river_edge.gguf_tools.convert import plain
-from river_edge.runtime import RiverLlama
+from river_edge.runtime.llama import RiverLlama
 
 # repetitive prompts: prompt lookup has something to find
 PROMPTS = [[1, 5, 9, 200, 5, 9, 200, 5, 9], [1, 17, 3, 3, 3, 3], [1, 42, 43, 44, 45, 46, 42, 43]]
@@ -113,7 +114,7 @@ def test_verification_batches_that_change_the_arithmetic_are_not_chosen():
 def test_the_rounding_limit_is_on_the_departure_not_its_tie_headroom():
     """ties hold 4x the measured departure; a batch departing by 0.03 logits (F16 over RPC, here) is usable, one
     departing by 0.2 is not: the limit is ROUNDING on the departure itself (docs/design.md §4)."""
-    from river_edge.drafters import ROUNDING
+    from river_edge.runtime.costs import ROUNDING
 
     verify = [0, 1.0, 1.05, 1.1, 1.15]
     cm = CostModel(draft_s=0.05, verify_s=verify, ties=[0.0, 0.0, 4 * 0.03, 4 * ROUNDING, 4 * 0.2])

@@ -1,4 +1,4 @@
-"""river_edge.evaluate: answer extraction, MATH normalisation, the HumanEval sandbox, and `river eval` end to
+"""river_edge.measure.evaluate: answer extraction, MATH normalisation, the HumanEval sandbox, and `river eval` end to
 end on the tiny model (gibberish answers: the machinery is tested, not accuracy)."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from river_edge import evaluate as E
+from river_edge.measure import evaluate as E
+from river_edge.measure import tasks as T
 from river_edge.cli.main import app
 from river_edge.format import RiverError
 
@@ -44,16 +45,16 @@ def run(*args, code=0):
 # -- extraction ----------------------------------------------------------------------------------------
 
 def test_gsm8k_extraction():
-    assert E.gsm8k_reference(GSM[0]["answer"]) == "7"
-    assert E.gsm8k_reference(GSM[1]["answer"]) == "1200"
-    assert E.gsm8k_reference(GSM[2]["answer"]) == "-3"
-    assert E.last_number("She sells 9 eggs at $2 each, so she makes $18 every day.") == "18"
-    assert E.last_number("9 * 2 = 18\n#### 18\nThat is 3 more than 15.") == "18"  # '####' wins
-    assert E.last_number("The total is $1,234.50.") == "1234.5"
-    assert E.last_number("It is 18.00 dollars") == "18"
-    assert E.last_number("no digits here") is None
-    assert E.gsm8k_correct("so the answer is 7.", "7") == (True, "7")
-    assert E.gsm8k_correct("so the answer is 8.", "7")[0] is False
+    assert T.gsm8k_reference(GSM[0]["answer"]) == "7"
+    assert T.gsm8k_reference(GSM[1]["answer"]) == "1200"
+    assert T.gsm8k_reference(GSM[2]["answer"]) == "-3"
+    assert T.last_number("She sells 9 eggs at $2 each, so she makes $18 every day.") == "18"
+    assert T.last_number("9 * 2 = 18\n#### 18\nThat is 3 more than 15.") == "18"  # '####' wins
+    assert T.last_number("The total is $1,234.50.") == "1234.5"
+    assert T.last_number("It is 18.00 dollars") == "18"
+    assert T.last_number("no digits here") is None
+    assert T.gsm8k_correct("so the answer is 7.", "7") == (True, "7")
+    assert T.gsm8k_correct("so the answer is 8.", "7")[0] is False
 
 
 @pytest.mark.parametrize("got, ref", [
@@ -74,36 +75,36 @@ def test_gsm8k_extraction():
     ("\\text{(C)}", "\\text{(C)}"),
 ])
 def test_math_normalisation_equal(got, ref):
-    assert E.normalize_math(got) == E.normalize_math(ref)
+    assert T.normalize_math(got) == T.normalize_math(ref)
 
 
 @pytest.mark.parametrize("got, ref", [("\\frac{3}{5}", "\\frac{3}{4}"), ("(3,\\pi)", "(3,\\frac{\\pi}{2})"),
                                       ("12", "120"), ("\\text{(B)}", "\\text{(C)}")])
 def test_math_normalisation_different(got, ref):
-    assert E.normalize_math(got) != E.normalize_math(ref)
+    assert T.normalize_math(got) != T.normalize_math(ref)
 
 
 def test_last_boxed():
-    assert E.last_boxed(MATH[0]["solution"]) == "\\left( 3, \\frac{\\pi}{2} \\right)"
-    assert E.last_boxed("first \\boxed{1}, then \\boxed{\\frac{a}{b}} end") == "\\frac{a}{b}"
-    assert E.last_boxed("\\fbox{7}") == "7"
-    assert E.last_boxed("\\boxed 5$") == "5"
-    assert E.last_boxed("no box") is None and E.last_boxed("\\boxed{unclosed") is None
-    assert E.math_correct("So $\\boxed{\\dfrac{3}{4}}$.", "\\frac{3}{4}") == (True, "\\dfrac{3}{4}")
-    assert E.math_correct("The answer is 3/4", "\\frac{3}{4}") == (False, None)  # no box, no credit
+    assert T.last_boxed(MATH[0]["solution"]) == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert T.last_boxed("first \\boxed{1}, then \\boxed{\\frac{a}{b}} end") == "\\frac{a}{b}"
+    assert T.last_boxed("\\fbox{7}") == "7"
+    assert T.last_boxed("\\boxed 5$") == "5"
+    assert T.last_boxed("no box") is None and T.last_boxed("\\boxed{unclosed") is None
+    assert T.math_correct("So $\\boxed{\\dfrac{3}{4}}$.", "\\frac{3}{4}") == (True, "\\dfrac{3}{4}")
+    assert T.math_correct("The answer is 3/4", "\\frac{3}{4}") == (False, None)  # no box, no credit
 
 
 # -- HumanEval sandbox -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def he0():
-    return E.load_problems("humaneval")[0]
+    return T.load_problems("humaneval")[0]
 
 
 def test_humaneval_problems(he0):
-    probs = E.load_problems("humaneval")
+    probs = T.load_problems("humaneval")
     assert len(probs) == 80 and probs[0].id == "HumanEval/0" and probs[79].id == "HumanEval/79"
-    assert len(E.load_problems("humaneval", limit=3)) == 3
+    assert len(T.load_problems("humaneval", limit=3)) == 3
     assert he0.extra["entry_point"] == "has_close_elements" and "```python" in he0.prompt
 
 
@@ -113,25 +114,25 @@ def test_sandbox_pass_and_fail(he0):
              "               for j, b in enumerate(numbers) if i != j)\n```")
     wrong = "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"
     body_only = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
-    assert E.humaneval_correct(right, he0) == (True, "passed")
-    ok, why = E.humaneval_correct(wrong, he0)
+    assert T.humaneval_correct(right, he0) == (True, "passed")
+    ok, why = T.humaneval_correct(wrong, he0)
     assert not ok and why.startswith("failed") and "AssertionError" in why
-    assert E.humaneval_correct(body_only, he0)[0]  # a continuation of the prompt
-    assert not E.humaneval_correct("gibberish ((", he0)[0]
+    assert T.humaneval_correct(body_only, he0)[0]  # a continuation of the prompt
+    assert not T.humaneval_correct("gibberish ((", he0)[0]
 
 
 def test_sandbox_kills_infinite_loop():
     t = time.perf_counter()
-    assert E.run_sandboxed("while True:\n    pass\n", timeout=1.0) == (False, "timed out")
+    assert T.run_sandboxed("while True:\n    pass\n", timeout=1.0) == (False, "timed out")
     assert time.perf_counter() - t < 5
 
 
 def test_sandbox_limits_and_guard(tmp_path):
     victim = tmp_path / "keep.txt"
     victim.write_text("x")
-    ok, why = E.run_sandboxed(f"import os\nos.remove({str(victim)!r})\n", timeout=5)
+    ok, why = T.run_sandboxed(f"import os\nos.remove({str(victim)!r})\n", timeout=5)
     assert not ok and victim.exists()
-    ok, why = E.run_sandboxed("x = bytearray(4 << 30)\n", timeout=5, mem_mb=256)
+    ok, why = T.run_sandboxed("x = bytearray(4 << 30)\n", timeout=5, mem_mb=256)
     assert not ok and "MemoryError" in why
 
 
@@ -184,8 +185,8 @@ def test_eval_errors(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
     assert "needs a river GGUF" in r.stderr
     monkeypatch.setenv("RIVER_EDGE_DATA", str(tmp_path / "also-nowhere"))
     with pytest.raises(RiverError, match="RIVER_EDGE_DATA"):
-        E.data_dir()
+        T.data_dir()
     monkeypatch.delenv("RIVER_EDGE_DATA")
     (tmp_path / "empty" / "gsm8k").mkdir(parents=True)
     with pytest.raises(RiverError, match="test_dev.jsonl"):
-        E.load_problems("gsm8k", data=tmp_path / "empty")
+        T.load_problems("gsm8k", data=tmp_path / "empty")

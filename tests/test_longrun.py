@@ -1,4 +1,4 @@
-"""Long and batched runs (river_edge.longrun) on the tiny river GGUFs of both architectures.
+"""Long and batched runs (river_edge.measure.longrun) on the tiny river GGUFs of both architectures.
 
 The tiny GGUFs are uncalibrated (thresholds +inf): the river rule never exits there, so it must equal the
 backbone, alone and in a batch; with thresholds of -1 it exits at every step and must not.
@@ -12,8 +12,9 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-import river_edge.runtime as R  # noqa: E402
-from river_edge import longrun as LR  # noqa: E402
+import river_edge.runtime.llama as R  # noqa: E402
+from river_edge.measure import longrun as LR  # noqa: E402
+from river_edge.measure import plots as P  # noqa: E402
 from river_edge.format import RiverError  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
@@ -93,7 +94,7 @@ def test_batch_exiting(river_path):
 
 def test_figure(long, river_path, tmp_path):
     b = LR.kl_in_batch(river_path, PROMPTS, n_tokens=N, thresholds=0.0)
-    p = LR.figure(long, b, tmp_path / "longrun.png")
+    p = P.longrun(long, b, tmp_path / "longrun.png")
     assert p.stat().st_size > 1000
-    assert LR.figure(None, b, tmp_path / "b.png").stat().st_size > 1000
-    assert LR.figure(long, None, tmp_path / "a.png").stat().st_size > 1000
+    assert P.longrun(None, b, tmp_path / "b.png").stat().st_size > 1000
+    assert P.longrun(long, None, tmp_path / "a.png").stat().st_size > 1000

@@ -1,16 +1,12 @@
-"""bench/results.py's report logic: which river configurations plain quantization dominates, and the
-README section written between its markers from the JSON."""
+"""The results pages' logic (river_edge/measure/report.py): which river configurations plain quantization
+dominates, and the README section written between its markers from the JSON."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location("results", Path(__file__).parents[1] / "bench" / "results.py")
-R = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(R)
+from river_edge.measure import report as R
 
 
 def cfg(speed, kl, agree=0.9, **kw):

@@ -1,4 +1,4 @@
-"""ggml's RPC backend from Python (river_edge/rpc.py): server names checked, an absent server named, and a
+"""ggml's RPC backend from Python (river_edge/runtime/rpc.py): server names checked, an absent server named, and a
 benchmark over two local rpc-servers with the exit decisions' cost. The runtime's invariants over RPC are in
 test_device.py (`make test-rpc`)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from river_edge.cli.main import app
 from river_edge.format import RiverError
-from river_edge.rpc import free_port, parse_endpoints
+from river_edge.runtime.rpc import free_port, parse_endpoints
 
 
 def test_endpoints_are_checked():
@@ -24,7 +24,7 @@ def test_endpoints_are_checked():
 
 
 def test_a_server_that_does_not_answer_is_named(tiny_llama):
-    from river_edge.runtime import RiverLlama
+    from river_edge.runtime.llama import RiverLlama
 
     ep = f"127.0.0.1:{free_port()}"
     with pytest.raises(RiverError, match=f"RPC server {ep} does not answer"):

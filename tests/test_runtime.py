@@ -20,13 +20,13 @@ import torch
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-import river_edge.runtime as R  # noqa: E402
+import river_edge.runtime.llama as R  # noqa: E402
 from river_edge.format import RiverError  # noqa: E402
 from river_edge.gguf_tools.build import build_river  # noqa: E402
 from river_edge.gguf_tools.convert import plain  # noqa: E402
 from river_edge.reference import Policy, RiverModel  # noqa: E402
 from river_edge.reference.ggml_numerics import unrounded_weights  # noqa: E402
-from river_edge.runtime import RiverLlama  # noqa: E402
+from river_edge.runtime.llama import RiverLlama  # noqa: E402
 from river_edge.tokenizer import quiet_llama_logs  # noqa: E402
 
 from gguf import GGUFValueType  # noqa: E402

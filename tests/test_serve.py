@@ -11,7 +11,7 @@ import time
 import pytest
 
 openai = pytest.importorskip("openai")
-R = pytest.importorskip("river_edge.runtime")
+R = pytest.importorskip("river_edge.runtime.llama")
 pytestmark = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
 MSGS = [{"role": "user", "content": "say something"}]

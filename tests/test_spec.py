@@ -1,4 +1,4 @@
-"""River-Spec decoding modes (river_edge/spec.py): exactness of the exact mode (greedy token for token,
+"""River-Spec decoding modes (river_edge/runtime/spec.py): exactness of the exact mode (greedy token for token,
 the KV cache, sampling in distribution), the gated mode's extremes, and the mode interface."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from river_edge.format import RiverError
-from river_edge.runtime import RiverLlama
-from river_edge.sampling import processed_probs
+from river_edge.runtime.llama import RiverLlama
+from river_edge.runtime.sampling import processed_probs
 
 PROMPTS = [[1, 5, 9, 200], [1, 17], [1, 3, 3, 3, 3, 3, 7], [1, 42, 43, 44, 45, 46, 47, 48]]
 N = 48
@@ -203,7 +203,7 @@ def test_exact_sampling_distribution(tiny_qwen2, k, sampler, pen):
     """First two sampled tokens over many seeds follow the backbone's exact joint distribution (chi-square,
     alpha 0.001; deterministic given the seeds). With penalties the second token's distribution is the
     penalised one (the first token in the window); the greedy tests pin the penalties to llama.cpp's."""
-    from river_edge.sampling import Transform
+    from river_edge.runtime.sampling import Transform
 
     ref, ex = _llm(tiny_qwen2, "backbone"), _llm(tiny_qwen2, "exact")
     ex._spec.fixed_k = k
@@ -252,7 +252,7 @@ def test_accept_step_samples_the_target_distribution():
     """The pure accept step: drafts drawn from q, kept or replaced from the residual, give tokens that
     follow p exactly (two positions, independent p's: the joint is p0 x p1), on a skewed q that often
     disagrees with p so that every path runs."""
-    from river_edge.sampling import accept
+    from river_edge.runtime.sampling import accept
 
     rng = np.random.default_rng(1)
     V, n = 5, 40_000

@@ -16,7 +16,7 @@ from river_edge.gguf_tools.inspect import format_report, inspect_gguf, validate
 
 from gguf_edit import DROP, rewrite
 
-R = pytest.importorskip("river_edge.runtime")
+R = pytest.importorskip("river_edge.runtime.llama")
 needs_runtime = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
 L = 4  # the tiny models' layers

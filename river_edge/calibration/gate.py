@@ -1,4 +1,4 @@
-"""The gated mode's gate (river_edge/spec.py): the river's output entropy above which the backbone re-decodes
+"""The gated mode's gate (river_edge/runtime/spec.py): the river's output entropy above which the backbone re-decodes
 a token, fitted to a quality target; stored as river.gate_entropy.
 
 Per decode token of the recorded backbone decodes, the all-river logits computed clean (exit layer -1):

@@ -44,7 +44,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     the plot (default: src's file name; a build through a temporary file passes the final name)."""
     from ..gguf_tools.build import set_river_keys
     from ..gguf_tools.inspect import check
-    from ..plots import calibration_figure
+    from river_edge.measure import plots
     from ..tokenizer import Tokenizer
 
     src, dst = Path(src), Path(dst)
@@ -68,7 +68,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
                    calibrated=True, fit_summary=json.dumps(_compact(summary)), gate_entropy=gate["gate_entropy"],
                    gate_summary=json.dumps(summary["gate"]))
     Path(f"{dst}.calibration.json").write_text(json.dumps(summary, indent=1))
-    calibration_figure(summary, f"{dst}.calibration.png", f"{label}: calibration, {target.kind} <= {target.value}"
+    plots.calibration(summary, f"{dst}.calibration.png", f"{label}: calibration, {target.kind} <= {target.value}"
                        if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
     return summary
 

@@ -1,6 +1,6 @@
 """Who drafts for exact mode, and what a draft costs.
 
-Exact mode's loop (river_edge/spec.py) is one loop for every drafter: draft k tokens, verify k + 1 on the
+Exact mode's loop (river_edge/runtime/spec.py) is one loop for every drafter: draft k tokens, verify k + 1 on the
 backbone in one batch, keep the longest agreeing prefix plus the backbone's own token. The drafters:
 
   river        the GGUF's own 4-bit twin of every layer (forced exit -1), writing into the shared KV cache
@@ -13,91 +13,20 @@ backbone in one batch, keep the longest agreeing prefix plus the backbone's own 
   a GGUF path  a separate draft model with the same vocabulary (e.g. Qwen2.5-Coder-0.5B for the 1.5B), in
                its own context, kept in step with the accepted tokens
 
-One cost model (CostModel) chooses k for all of them from the measured batch-cost curve, each drafter's
+One cost model (costs.py) chooses k for all of them from the measured batch-cost curve, each drafter's
 own per-token cost and its own running acceptance, so drafters are compared, not loops.
 """
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .format import RiverError
+from river_edge.format import RiverError
 
 NAMED = ("river", "ngram", "ngram-cache", "river+ngram")
 FREE = ("ngram", "ngram-cache")      # drafters that cost no model step
 NGRAM_MAX = 3
-# a verification batch whose logits depart from one-token decoding by more than this (in logits) is not
-# chosen: its near-ties (within 4x the departure) would be settled by one-token decodes so often that it cannot pay
-ROUNDING = 0.1
-
-
-@dataclass
-class CostModel:
-    draft_s: float                      # one river step (1 token), Python included
-    verify_s: list[float]               # verify_s[n]: backbone batch of n tokens; [0] unused
-    backbone_s: float = 0.0             # one backbone step (= verify_s[1])
-    tie: float = 0.0                    # batch rounding: max |logit| change of a row decoded in a batch
-    ties: list = field(default_factory=list)      # the same per batch size (x4 headroom); [1] = 0: a one-token decode
-    other_s: dict = field(default_factory=dict)   # per-token cost of drafters other than the river
-    _obs: dict = field(default_factory=dict)
-
-    def step_s(self, drafter: str = "river") -> float:
-        if drafter == "river":
-            return self.draft_s
-        # a drafter never observed starts at the river's cost; its own cycles correct it within a few
-        return self.other_s.get(drafter, 0.0 if drafter in FREE else self.draft_s)
-
-    def observe(self, n: int, dt: float, drafter: str = "river") -> None:
-        """Online update from a real cycle: n = 0 a draft step (of `drafter`), n >= 1 a verification of n
-        tokens. The median of the last 9 observations (the start-up figure among them): on a shared
-        machine single cycles stall for 10x their time now and then, and a mean would chase them."""
-        if n >= len(self.verify_s):
-            return
-        key = ("draft", drafter) if n == 0 else n
-        start = self.step_s(drafter) if n == 0 else self.verify_s[n]
-        w = self._obs.setdefault(key, deque([start], maxlen=9))
-        w.append(dt)
-        m = float(np.median(w))
-        if n == 0 and drafter == "river":
-            self.draft_s = m
-        elif n == 0:
-            self.other_s[drafter] = m
-        else:
-            self.verify_s[n] = m
-
-    def curve(self) -> list[float]:
-        """verify_s made non-decreasing from the right (a batch never costs more than a bigger one): a
-        load spike caught in one size's measurements does not rule that size out."""
-        v = list(self.verify_s)
-        for n in range(len(v) - 2, 0, -1):
-            v[n] = min(v[n], v[n + 1])
-        return v
-
-    def rate(self, k: int, a: float, curve: list[float] | None = None, drafter: str = "river") -> float:
-        """Expected tokens per second of a cycle drafting k at per-token acceptance a."""
-        e = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-        return e / (k * self.step_s(drafter) + (curve or self.curve())[k + 1])
-
-    def usable(self, n: int) -> bool:
-        """A batch of n verifies with one-token arithmetic up to rounding."""
-        return n <= 1 or n >= len(self.ties) or self.ties[n] / 4 <= ROUNDING   # ties carry the x4 headroom
-
-    def best_k(self, a: float, kmax: int, drafter: str = "river") -> int:
-        c = self.curve()
-        ks = [k for k in range(0, min(kmax, len(self.verify_s) - 2) + 1) if self.usable(k + 1)]
-        return max(ks, key=lambda k: self.rate(k, a, c, drafter))
-
-    def as_dict(self) -> dict:
-        return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]],
-                "verify_ms_used": [v * 1e3 for v in self.curve()[1:]],
-                "batch_deviation": [t / 4 for t in self.ties[1:]],
-                "usable_batch": [self.usable(n) for n in range(1, len(self.verify_s))],
-                **({"other_draft_ms": {k: v * 1e3 for k, v in self.other_s.items()}} if self.other_s else {})}
-
-
 class Ngram:
     """Prompt lookup over the tokens of one generate() call (prompt included): an index from every n-gram
     (n = 1..n_max) to where its latest continuation starts, updated as tokens are accepted, so a lookup is
@@ -165,7 +94,7 @@ class DraftModel:
     def __init__(self, path: str | Path, main):
         import llama_cpp
 
-        from .tokenizer import quiet_llama_logs
+        from river_edge.tokenizer import quiet_llama_logs
 
         path = Path(path)
         if not path.is_file():

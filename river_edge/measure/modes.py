@@ -1,6 +1,6 @@
 """Decoding-mode benchmark (`river bench --mode exact,gated,river,fast,backbone,q8_0,shipped`).
 
-Every mode of one RiverLlama (river_edge/spec.py) and the files a user would run instead (plain Q8_0 / Q4_K_M /
+Every mode of one RiverLlama (river_edge/runtime/spec.py) and the files a user would run instead (plain Q8_0 / Q4_K_M /
 Q4_0 made by llama-quantize from the F16 backbone, and the shipped file itself), greedy through `generate()`
 (the path chat, completions and the server take), on the same chat prompts, in one process, the order
 rotating every round. Exact mode runs with each drafter through the same loop and cost model
@@ -9,7 +9,7 @@ separate draft model). `sync` is the backbone with the exit rule's cosine read b
 never exiting (every threshold 1.0): against `backbone`, what one exit decision costs (a device-to-host sync
 where layers run on a GPU or an rpc-server); `river:lagged` is the rule on the previous step's scores, which
 reads them once after each step instead. `offload` runs every configuration with layers on devices
-(n_gpu_layers, rpc_servers: river_edge/rpc.py).
+(n_gpu_layers, rpc_servers: river_edge/runtime/rpc.py).
 Per configuration: median over (round, prompt) of its tok/s divided by the backbone's tok/s of the same
 round and prompt, with a bootstrap 95% interval; rounds are added until every interval is within
 +-`ci` of its median (or `max_rounds`); how many of its tokens equal the backbone's (exact mode must give
@@ -24,14 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench as B
-from . import bench_files as BF
-from .probe import in_fresh_process, load_avg, peak_rss
-from . import format as F
-from .format import RiverError
-from .spec import MODES
+from river_edge.measure import bench as B
+from river_edge.measure import files as BF
+from river_edge.measure.files import PLAIN
+from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
+from river_edge import format as F
+from river_edge.format import RiverError
+from river_edge.runtime.spec import MODES
 
-PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
 SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
 SYNC = ("sync",)   # the rule checking every layer and never exiting: the cost of the exit decisions
 LAGGED = ("river:lagged",)   # the rule on the previous step's scores: no sync inside the graph
@@ -52,8 +52,8 @@ def parse_modes(text: str) -> list[str]:
 
 def draft_for(river_path: Path, draft: str | Path | None, progress=None) -> Path:
     """The draft model of `exact:draft`: the one given (a GGUF or a zoo name), else the zoo's default."""
-    from . import zoo
-    from .gguf_tools.inspect import inspect_gguf
+    from river_edge import zoo
+    from river_edge.gguf_tools.inspect import inspect_gguf
 
     if draft is None:
         draft = DRAFTS.get(BF.source_model(inspect_gguf(river_path)) or "")
@@ -114,7 +114,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         max_rounds: int = DEFAULTS["max_rounds"], ci: float = DEFAULTS["ci"], draft: str | Path | None = None,
         memory: bool = True, prompts: Sequence[str] | None = None, offload: dict | None = None,
         progress=None) -> dict:
-    from .tokenizer import Tokenizer
+    from river_edge.tokenizer import Tokenizer
 
     say = progress or BF._quiet
     if tokens < 2 or rounds < 1 or threads < 1:
@@ -132,9 +132,9 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     texts = list(prompts) if prompts else BF.packaged_prompts(n_prompts)
     chats = [Tokenizer(river_path).chat(t) for t in texts]
     n_ctx = max(len(c) for c in chats) + tokens + 16
-    from .drafters import DraftModel
-    from .host import host, placement
-    from .runtime import RiverLlama
+    from river_edge.runtime.drafters import DraftModel
+    from river_edge.measure.host import host, placement
+    from river_edge.runtime.llama import RiverLlama
 
     def load(path):
         return RiverLlama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0, **(offload or {}))
@@ -233,7 +233,7 @@ def _offload_note(offload: dict | None) -> dict | None:
     """What ran where: n_gpu_layers, the rpc-servers named, and ggml's device list of this process."""
     if not offload:
         return None
-    from .host import devices
+    from river_edge.measure.host import devices
 
     return {**offload, "devices": devices()}
 
@@ -248,7 +248,7 @@ def _sync_cost(rows: list[dict], n_checked: int) -> dict:
 
 def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int]) -> dict:
     """Peak RSS of a fresh process that loads configuration c's file(s) and generates 16 tokens in it."""
-    return in_fresh_process("river_edge.bench_modes", {
+    return in_fresh_process("river_edge.measure.modes", {
         "path": str(files[c] if c in PLAIN else files["river"]), "config": c, "draft": str(files.get("draft", "")),
         "n_ctx": n_ctx, "threads": threads, "prompt": prompt})
 
@@ -256,8 +256,8 @@ def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int]) ->
 def _memory_probe(arg: str) -> None:
     import json
 
-    from .drafters import DraftModel
-    from .runtime import RiverLlama
+    from river_edge.runtime.drafters import DraftModel
+    from river_edge.runtime.llama import RiverLlama
 
     a = json.loads(arg)
 
@@ -334,36 +334,6 @@ def format_table(res: dict) -> str:
                      f"{d.get('request_ratio_median', float('nan')):7.2f}x {'-' if mem is None else str(round(mem)):>8} "
                      f"{d['identical_runs']:>5}/{d['runs']} runs ({d['common_prefix_mean']:.0f} tok)  {note(c, d, res)}")
     return "\n".join(lines)
-
-
-def figure(res: dict, path: str | Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cs = list(res["configs"])
-    d = res["configs"]
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    color = ["0.5" if c == "backbone" else "C2" if c in PLAIN else "C0" for c in cs]
-    ax[0].bar(cs, [d[c]["ratio_median"] for c in cs], color=color)
-    ax[0].errorbar(range(len(cs)), [d[c]["ratio_median"] for c in cs],
-                   yerr=[[d[c]["ratio_median"] - d[c]["ratio_min"] for c in cs],
-                         [d[c]["ratio_max"] - d[c]["ratio_median"] for c in cs]], fmt="none", ecolor="k", lw=0.8)
-    for i, c in enumerate(cs):
-        ax[0].text(i, d[c]["ratio_median"], f"{d[c]['ratio_median']:.2f}x", ha="center", va="bottom", fontsize=8)
-    ax[0].axhline(1, color="0.6", lw=0.8)
-    ax[0].set_ylabel("decode speed / backbone (median, min-max)")
-    ax[0].set_title(f"{res['model']}: greedy, {res['threads']} threads", fontsize=10)
-    ax[1].bar(cs, [d[c]["common_prefix_mean"] / res["tokens"] for c in cs], color=color)
-    ax[1].set_ylabel(f"share of the {res['tokens']} tokens equal to the backbone's\n(common prefix, mean)")
-    ax[1].set_ylim(0, 1.05)
-    ax[1].set_title("exact must be 1.0; plain quantization shown beside every river mode", fontsize=9)
-    for a in ax:
-        a.tick_params(axis="x", labelrotation=30)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
 
 
 if __name__ == "__main__":

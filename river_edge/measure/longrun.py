@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import format as F
-from .format import RiverError
-from .host import host
+from river_edge import format as F
+from river_edge.format import RiverError
+from river_edge.measure.host import host
 
 Progress = Callable[[str, int, int], None]
 STEP_MODES = ("backbone", "river", "fast")  # exact/gated pick their own tokens: not teacher-forceable
@@ -74,7 +74,7 @@ def _depth(hist: np.ndarray) -> float:
 
 
 def _open(river_path, n_ctx: int, threads: int, thresholds):
-    from .runtime import RiverLlama
+    from river_edge.runtime.llama import RiverLlama
 
     llm = RiverLlama(str(river_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0,
                      thresholds=thresholds)
@@ -129,7 +129,7 @@ def kl_along_sequence(river_path, modes: Sequence[str] = ("river", "fast"), *, p
     """KL(backbone || mode) and agreement at each of n_tokens positions of one long backbone generation.
 
     thresholds: override the GGUF's for the river rule (None: the calibrated ones)."""
-    from .tokenizer import Tokenizer
+    from river_edge.tokenizer import Tokenizer
 
     say = progress or (lambda *a: None)
     bad = [m for m in modes if m not in STEP_MODES]
@@ -162,8 +162,8 @@ def _batch_context(llm, n_seq: int, n_ctx: int, n_batch: int):
     import llama_cpp
     from llama_cpp._internals import LlamaContext
 
-    from .format import EXIT_RULE
-    from .tokenizer import quiet_llama_logs
+    from river_edge.format import EXIT_RULE
+    from river_edge.tokenizer import quiet_llama_logs
 
     p = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
     p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = n_ctx, n_batch, n_batch, n_seq, True
@@ -187,7 +187,7 @@ def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, thre
     import llama_cpp
     from llama_cpp._internals import LlamaBatch
 
-    from .tokenizer import Tokenizer
+    from river_edge.tokenizer import Tokenizer
 
     say = progress or (lambda *a: None)
     tk = Tokenizer(river_path)
@@ -257,63 +257,3 @@ def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, thre
         if ctx is not None:
             ctx.close()  # before the model it was made on
         llm.close()
-
-
-def _rolling(x: Sequence[float], w: int) -> tuple[np.ndarray, np.ndarray]:
-    """Trailing mean over w positions (fewer at the start): (positions, means)."""
-    x = np.asarray(x, dtype=np.float64)
-    c = np.concatenate([[0.0], np.cumsum(x)])
-    i = np.arange(1, len(x) + 1)
-    lo = np.maximum(i - w, 0)
-    return i - 1, (c[i] - c[lo]) / (i - lo)
-
-
-def figure(long: dict | None, batch: dict | None, path, w: int = 64) -> Path:
-    """Left: KL vs position of each mode of the long run; right: each sequence of the batch run, batched
-    (solid) and alone (dashed). Trailing means over w tokens."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
-    title = []
-    if long:
-        lo, hi = math.inf, 0.0
-        for m, r in long["modes"].items():
-            x, y = _rolling(r["kl"], w)
-            lo, hi = min(lo, y.min()), max(hi, y.max())
-            depth = f", depth {r['mean_depth']:.1f}/{long['n_layer']}" if "mean_depth" in r else ""
-            a.plot(x, y, label=f"{m}: mean KL {r['kl_mean']:.3g}, agree {r['agreement']:.1%}{depth}")
-        a.set(xlabel="generated token", ylabel=f"KL(backbone || mode), nats, mean of last {w}",
-              title=f"One generation of {long['n_tokens']} tokens (backbone's greedy text)")
-        if lo > 0:  # river and fast KL can be 10x apart: log, floored (a first step on the backbone is ~1e-15)
-            a.set_yscale("log")
-            a.set_ylim(max(lo, hi * 1e-3), hi * 1.5)
-        else:  # a mode equal to the backbone (KL 0 or -1e-15)
-            a.set_ylim(bottom=0)
-        a.legend(fontsize=8)
-        title.append(f"{long['model']}, {long['threads']} threads")
-    else:
-        a.text(0.5, 0.5, "long run: not run", ha="center", va="center", transform=a.transAxes)
-        a.set_axis_off()
-    if batch:
-        for s, q in enumerate(batch["sequences"]):
-            for key, ls in (("batch", "-"), ("alone", "--")):
-                x, y = _rolling(q[key]["kl"], w)
-                b.plot(x, y, ls=ls, color=f"C{s}", label=f"seq {s} {key}: mean KL {q[key]['kl_mean']:.3g}")
-        b.set(xlabel="generated token", ylabel=f"KL(backbone || river rule), mean of last {w}",
-              title=f"{batch['n_seq']} sequences in one batch (solid) vs alone (dashed); depth "
-                    f"{batch['batch_mean_depth']:.1f} vs {batch['alone_mean_depth']:.1f}/{batch['n_layer']}",
-              ylim=(0, None))
-        b.legend(fontsize=7, ncol=2)
-        title.append(f"batch: {batch['model']}, {batch['threads']} threads, {batch['n_tokens']} tokens/seq")
-    else:
-        b.text(0.5, 0.5, "batch run: not run", ha="center", va="center", transform=b.transAxes)
-        b.set_axis_off()
-    fig.suptitle("; ".join(title), fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -113,7 +113,7 @@ def local_servers(n: int, threads: int = 1, timeout: float = 30.0):
         for _ in range(n):
             port = free_port()
             procs.append(subprocess.Popen(
-                [sys.executable, "-c", f"from river_edge.rpc import serve; serve('127.0.0.1', {port}, {threads})"],
+                [sys.executable, "-c", f"from river_edge.runtime.rpc import serve; serve('127.0.0.1', {port}, {threads})"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
             endpoints.append(f"127.0.0.1:{port}")
         deadline = time.monotonic() + timeout

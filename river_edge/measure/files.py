@@ -8,11 +8,13 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import zoo
-from .format import RiverError
+from river_edge import zoo
+from river_edge.format import RiverError
 
 Progress = Callable[[str, int, int], None]
 
+
+PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
 
 def _quiet(what: str, done: int, total: int) -> None:
     pass
@@ -21,8 +23,8 @@ def _quiet(what: str, done: int, total: int) -> None:
 def resolve_river(model: str | os.PathLike | None, progress: Progress | None = None) -> Path:
     """A river GGUF to benchmark: a path as given; a zoo name -> its calibrated river GGUF in the cache
     (built with the defaults on first use); None -> the default model's (SmolLM2-135M-Instruct)."""
-    from .defaults import default_river
-    from .gguf_tools.inspect import check
+    from river_edge.defaults import default_river
+    from river_edge.gguf_tools.inspect import check
 
     if model is None:
         return default_river(progress)
@@ -53,8 +55,8 @@ def source_model(info: dict) -> str | None:
 def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
     """dst made from src, cached: reused while newer than its source; written atomically. `mode`: a
     llama-quantize recipe (plain files: what a user makes from the F16 backbone), else convert.plain's."""
-    from .gguf_tools.convert import plain
-    from .gguf_tools.quant import RECIPES, llama_quantize
+    from river_edge.gguf_tools.convert import plain
+    from river_edge.gguf_tools.quant import RECIPES, llama_quantize
 
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
@@ -75,7 +77,7 @@ def prepare_files(river_path: Path, progress: Progress | None = None,
                   plain: Sequence[str] = ("q8_0", "q4_0"), shipped: bool = False) -> tuple[dict[str, Path], dict]:
     """The files of every configuration, plain ones written once next to the river GGUF; and notes. With
     `shipped`, also the file the river was built from (the one a user already has), when it is in the cache."""
-    from .gguf_tools.inspect import inspect_gguf
+    from river_edge.gguf_tools.inspect import inspect_gguf
 
     say = progress or _quiet
     river_path = Path(river_path)

@@ -41,11 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import format as F
-from . import bench_files as BF
-from .bench_files import Progress, _quiet, packaged_prompts, prepare_files, weights_note
-from .format import RiverError
-from .probe import in_fresh_process, load_avg, peak_rss
+from river_edge import format as F
+from river_edge.measure import files as BF
+from river_edge.measure.files import Progress, _quiet, packaged_prompts, prepare_files, weights_note
+from river_edge.format import RiverError
+from river_edge.measure.plots import river_vs_ideal_from_medians
+from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
 
 
 DEFAULT_THREADS = 2
@@ -104,7 +105,7 @@ def sweep_layers(n_layer: int) -> list[int]:
 # -- measuring -----------------------------------------------------------------------------------------
 
 def _load(path: Path, n_ctx: int, threads: int):
-    from .runtime import RiverLlama
+    from river_edge.runtime.llama import RiverLlama
 
     return RiverLlama(str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
                       n_threads_batch=threads, seed=0)
@@ -160,7 +161,7 @@ def _prefill(m, c: Config, tokens: list[int]) -> dict:
 
 def _memory(path: Path, c: Config, n_ctx: int, threads: int, prompt: list[int]) -> dict:
     """Peak RSS of a fresh process that loads the file, applies the configuration, decodes 16 tokens."""
-    return in_fresh_process("river_edge.bench", {"path": str(path), "config": asdict(c), "n_ctx": n_ctx,
+    return in_fresh_process("river_edge.measure.bench", {"path": str(path), "config": asdict(c), "n_ctx": n_ctx,
                                                  "threads": threads, "prompt": prompt, "tokens": MEMORY_TOKENS})
 
 
@@ -192,7 +193,7 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
         prefill_tokens: int = PREFILL_TOKENS, prefill_reps: int = 2, memory: bool = True, sweep: bool = True,
         progress: Progress | None = None) -> dict:
     """Benchmark a river GGUF against its backbone and plain quantization; returns the result dict."""
-    from .tokenizer import Tokenizer
+    from river_edge.tokenizer import Tokenizer
 
     say = progress or _quiet
     if tokens < 2:
@@ -245,7 +246,7 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
             say(f"round {r + 1}/{rounds}: prefill", done, total)
     elapsed = time.time() - t_start
     load_after = load_avg()
-    from .host import host, placement
+    from river_edge.measure.host import host, placement
 
     bufts = {k: placement(m) for k, m in models.items()}
     del models
@@ -364,14 +365,6 @@ def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
 
 # -- output --------------------------------------------------------------------------------------------
 
-def river_vs_ideal_from_medians(res: dict) -> float:
-    """The calibrated river's per-token time over the ideal line's at its mean depth, from the paired median
-    ratios of each configuration (a second estimator beside the per-sample one: their gap is the noise)."""
-    rows, L = res["configs"], res["n_layer"]
-    r_ar = 1.0 / rows["all-river"]["decode_ratio"]
-    return (1.0 / rows["river"]["decode_ratio"]) / (r_ar + rows["river"]["mean_depth"] / L * (1.0 - r_ar))
-
-
 def _f(x, fmt):
     return "-" if x is None else format(x, fmt)
 
@@ -409,73 +402,13 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def figure(res: dict, path: str | Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    # Paired quantities only (ratios to the backbone of the same round and prompt): on a shared machine the
-    # absolute medians of different configurations can come from different load phases.
-    rows = res["configs"]
-    main = [k for k in rows if not k.startswith("exit@")]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
-    x = np.arange(len(main))
-    w = 0.4
-    bars = a.bar(x - w / 2, [rows[k]["decode_ratio"] for k in main], w, label="decode")
-    pbars = a.bar(x + w / 2, [rows[k]["prefill_ratio"] for k in main], w, label="prefill (~200-token ubatch)",
-                  color="C1", alpha=0.7)
-    for bars_, key, col in ((bars, "decode", "k"), (pbars, "prefill", "C1")):
-        for bar, k in zip(bars_, main):
-            a.annotate(f"{rows[k][key + '_ratio']:.2f}x\n{rows[k][key + '_tps']:.0f}/s",
-                       (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                       fontsize=6.5, color=col)
-    a.axhline(1.0, color="grey", lw=0.8)
-    a.set_xticks(x, [k + (f"\nd={rows[k]['mean_depth']:.1f}" if rows[k].get("river_on") else "") for k in main],
-                 fontsize=8)
-    a.set(ylabel="tok/s relative to the backbone (paired median)",
-          title="Speed vs the backbone, same run (label: ratio, median tok/s)")
-    a.legend(fontsize=8, loc="upper left")
-
-    L = res["n_layer"]
-    sw = res["sweep"]
-    if sw:
-        rel = lambda k: 1.0 / rows[k]["decode_ratio"]  # per-token time relative to the backbone
-        r_ar = rel("all-river")
-        xs = np.array([0, L])
-        b.plot(xs, r_ar + xs / L * (1.0 - r_ar), "--", color="grey", label="ideal line (from all-river and backbone)")
-        b.plot([s["backbone_layers"] for s in sw], [rel(f"exit@{s['exit']}") for s in sw], "o-", color="C0",
-               label="forced exit after layer e (measured)")
-        for s in sw:
-            b.annotate(f"{s['ratio_to_ideal']:.3f}", (s["backbone_layers"], rel(f"exit@{s['exit']}")),
-                       textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
-        b.plot([0], [r_ar], "kD", label="all-river")
-        b.plot([L], [1.0], "g^", ms=8, label="backbone (river off)")
-        rv = rows["river"]
-        b.plot([rv["mean_depth"]], [rel("river")], "r*", ms=12,
-               label=f"river, calibrated ({rv.get('ratio_to_ideal_at_depth', float('nan')):.3f} x ideal per sample, "
-                     f"{river_vs_ideal_from_medians(res):.3f} as drawn)")
-        b.set(xlabel="layers run on the backbone (e + 1)", ylabel="time per decode token / backbone's",
-              title="Forced-exit sweep vs the ideal line (label: measured / ideal, paired)")
-        b.legend(fontsize=8)
-    m = res["method"]
-    fig.suptitle(f"{res['model']}: {res['weights']}\n{m['threads']} threads, {len(m['prompts'])} packaged calibration "
-                 f"prompts (chat template) x {m['rounds']} rounds, {m['decode_tokens']} greedy tokens, prefill "
-                 f"{m['prefill_tokens']} tokens; load avg {res['machine']['load_before']['loadavg_1_5_15'][0]}"
-                 f"-{res['machine']['load_after']['loadavg_1_5_15'][0]}", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def write(res: dict, out_dir: str | Path, stem: str, plot=None) -> tuple[Path, Path]:
+def write(res: dict, out_dir: str | Path, stem: str, plot) -> tuple[Path, Path]:
+    """res as <stem>.json and plot(res) as <stem>.png in out_dir (plot: a figure of measure/plots.py)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     j = out_dir / f"{stem}.json"
     j.write_text(json.dumps(res, indent=1) + "\n")
-    return j, (plot or figure)(res, out_dir / f"{stem}.png")
+    return j, plot(res, out_dir / f"{stem}.png")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,271 @@
+"""Task accuracy of a river GGUF against its backbone and plain quantization: GSM8K, MATH-500, HumanEval.
+
+`run(model, task, ...)` answers every problem with every configuration (greedy, fixed prompts through the
+GGUF's chat template, a stated token budget), alternating configurations per problem so that their speeds
+are measured side by side in one run, and appends one JSON line per (configuration, problem) to a results
+file: a rerun skips what is there (resumable). `summarize()` turns the lines into the table and JSON
+`river eval` prints and writes; issue 6's bench builds on the same functions.
+
+Configurations (names in `configs`):
+  backbone       the river GGUF with the river off (the stock graph): the reference
+  river          the GGUF's own (calibrated) thresholds
+  tau=X          one threshold X for every layer
+  exact, gated, fast   the decoding modes of river_edge/runtime/spec.py (fast = all river)
+  q4_0, q8_0, ...      plain quantization of the backbone (gguf_tools.convert.plain), cached
+A GGUF without a river has only the backbone and plain quantizations.
+
+The problems, prompts and scoring are in tasks.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from river_edge import format as F
+from river_edge.format import RiverError
+from river_edge.measure.tasks import MAX_TOKENS, PROMPT_VERSION, TASKS, load_problems, score
+
+Progress = Callable[[str, int, int], None]
+
+
+MODES = ("exact", "gated", "fast")  # river_edge.runtime.spec modes run as configurations of their own
+
+
+def default_configs(has_river: bool) -> list[str]:
+    return ["backbone", "river", "q4_0"] if has_river else ["backbone", "q4_0"]
+
+
+def _plain_types() -> tuple[str, ...]:
+    from river_edge.gguf_tools import quant
+
+    return tuple(quant.TYPES)
+
+
+def check_configs(configs: Sequence[str], has_river: bool) -> list[str]:
+    out = []
+    for c in configs:
+        c = c.strip().lower()
+        if not c:
+            continue
+        if c == "backbone" or c in _plain_types():
+            pass
+        elif c == "river" or c in MODES or c.startswith("tau="):
+            if not has_river:
+                raise RiverError(f"configuration {c!r} needs a river GGUF (this model has no river)")
+            if c.startswith("tau="):
+                try:
+                    x = float(c[4:])
+                except ValueError:
+                    raise RiverError(f"configuration {c!r}: tau must be a number") from None
+                try:
+                    F.check_threshold(x, "tau")
+                except RiverError as e:
+                    raise RiverError(f"configuration {c!r}: {e}") from None
+        else:
+            raise RiverError(f"unknown configuration {c!r}: use backbone, river, tau=X, {', '.join(MODES)} "
+                             f"or a quantization type ({', '.join(_plain_types())})")
+        out.append(c)
+    if not out:
+        raise RiverError("no configurations given")
+    return list(dict.fromkeys(out))
+
+
+def plain_path(model: Path, qtype: str, cache: Path | None = None) -> Path:
+    """Where the plain `qtype` quantization of `model` is cached (keyed by the model file's identity)."""
+    from river_edge import zoo
+
+    st = model.stat()
+    key = hashlib.sha256(f"{model.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return (cache or zoo.cache_dir() / "plain") / f"{model.stem}.{key}.{qtype}.gguf"
+
+
+def ensure_plain(model: Path, qtype: str, progress: Progress | None = None, cache: Path | None = None) -> Path:
+    from river_edge.gguf_tools.convert import plain
+
+    dst = plain_path(model, qtype, cache)
+    if dst.is_file():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    from river_edge.gguf_tools.writer import temp_beside
+
+    tmp = temp_beside(dst, ".gguf")
+    try:
+        say = progress or (lambda *a: None)
+        plain(model, tmp, qtype, lambda done, total, what: say(f"quantizing to {qtype}", done, total))
+        os.replace(tmp, dst)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dst
+
+
+def load_config(model: Path, config: str, *, threads: int | None, n_ctx: int, progress: Progress | None = None,
+                cache: Path | None = None):
+    from river_edge.chat import load
+
+    if config in _plain_types():
+        return load(ensure_plain(model, config, progress, cache), threads=threads, n_ctx=n_ctx)
+    if config == "backbone":
+        return load(model, river=False, threads=threads, n_ctx=n_ctx)
+    if config == "river":
+        return load(model, threads=threads, n_ctx=n_ctx)
+    if config.startswith("tau="):
+        return load(model, tau=float(config[4:]), threads=threads, n_ctx=n_ctx)
+    return load(model, threads=threads, n_ctx=n_ctx, mode=config)
+
+
+# -- running -------------------------------------------------------------------------------------------
+
+def generate(llm, prompt: str, max_tokens: int) -> dict:
+    """One greedy chat answer, with decode speed and depth (river_edge.chat.Meter)."""
+    from river_edge.chat import Meter
+
+    llm.reset()  # each problem from an empty cache: no prefix reuse across problems or configurations
+    meter = Meter(llm)
+    out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=max_tokens,
+                                     temperature=0.0, seed=0, logits_processor=meter.processors())
+    ch = out["choices"][0]
+    hist = meter.histogram()
+    return {"completion": ch["message"]["content"] or "", "finish": ch.get("finish_reason"),
+            "tokens": int(out.get("usage", {}).get("completion_tokens", meter.samples)),
+            "decode_steps": meter.samples if meter.passive else meter.decode_steps(),
+            "decode_s": meter.decode_seconds(), "depth": meter.depth(), "hist": hist.tolist()}
+
+
+def read_results(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by an interrupted run: that problem runs again
+    return rows
+
+
+@dataclass
+class Settings:
+    task: str
+    model: str
+    model_size: int
+    max_tokens: int
+    prompt_version: int = PROMPT_VERSION
+
+    def key(self) -> dict:
+        return asdict(self)
+
+
+def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequence[str] | None = None,
+        max_tokens: int | None = None, threads: int | None = None, data: str | os.PathLike | None = None,
+        results: str | Path | None = None, fresh: bool = False, timeout: float = 10.0, n_ctx: int = 2048,
+        progress: Progress | None = None, cache: Path | None = None) -> dict:
+    """Evaluate `model` on `task`; returns summarize()'s dict (also the JSON `river eval` writes)."""
+    from river_edge.runtime.llama import _has_river_tensors
+
+    model = Path(model)
+    if task not in TASKS:
+        raise RiverError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    if not model.is_file():
+        raise RiverError(f"{model}: no such file")
+    has_river = _has_river_tensors(model)
+    configs = check_configs(configs or default_configs(has_river), has_river)
+    problems = load_problems(task, limit, data)
+    if not problems:
+        raise RiverError(f"{task}: no problems to run")
+    max_tokens = max_tokens or MAX_TOKENS[task]
+    results = Path(results) if results is not None else default_results(model, task)
+    settings = Settings(task, model.name, model.stat().st_size, max_tokens)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        results.unlink(missing_ok=True)
+    done = {}
+    for r in read_results(results):
+        if r.get("settings") != settings.key():
+            raise RiverError(f"{results}: holds results of other settings ({r.get('settings')}); use --fresh "
+                             "to start over or --results for another file")
+        done[(r["config"], r["id"])] = r
+    say = progress or (lambda *a: None)
+    todo = [(p, c) for p in problems for c in configs if (c, p.id) not in done]
+    models = {}
+    try:
+        if todo:
+            for c in configs:
+                if any(cc == c for _, cc in todo):
+                    say(f"loading {c}", 0, 0)
+                    models[c] = load_config(model, c, threads=threads, n_ctx=n_ctx, progress=progress, cache=cache)
+        total = len(problems) * len(configs)
+        count = total - len(todo)
+        with open(results, "a", encoding="utf-8") as f:
+            for p, c in todo:
+                say(f"{task} {p.id} [{c}]", count, total)
+                g = generate(models[c], p.prompt, max_tokens)
+                ok, got = score(task, p, g["completion"], timeout)
+                row = {"settings": settings.key(), "config": c, "id": p.id, "correct": bool(ok), "answer": got,
+                       "reference": p.reference if task != "humaneval" else None, **g}
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                done[(c, p.id)] = row
+                count += 1
+                say(f"{task} {p.id} [{c}]", count, total)
+    finally:
+        for m in models.values():
+            m.close()
+    rows = [done[(c, p.id)] for p in problems for c in configs]
+    n_layer = _n_layer(model)
+    return summarize(rows, configs, settings=settings, n_layer=n_layer, threads=threads,
+                     results=str(results), n_problems=len(problems))
+
+
+def _n_layer(model: Path) -> int:
+    from river_edge.gguf_tools.reader import open_gguf, value
+
+    r = open_gguf(model)
+    arch = value(r, "general.architecture")
+    return int(value(r, f"{arch}.block_count") or 0)
+
+
+def default_results(model: Path, task: str) -> Path:
+    return Path("river-eval") / f"{model.stem}.{task}.jsonl"
+
+
+def summarize(rows: list[dict], configs: Sequence[str], *, settings: Settings, n_layer: int,
+              threads: int | None, results: str, n_problems: int) -> dict:
+    out = {"task": settings.task, "model": settings.model, "max_tokens": settings.max_tokens,
+           "greedy": True, "prompt_version": settings.prompt_version, "threads": threads,
+           "n_layer": n_layer, "problems": n_problems, "results": results, "configs": {}}
+    base_tok_s = None
+    for c in configs:
+        rs = [r for r in rows if r["config"] == c]
+        steps = sum(r["decode_steps"] for r in rs)
+        secs = sum(r["decode_s"] for r in rs)
+        hist = np.sum([np.asarray(r["hist"]) for r in rs], axis=0) if rs else np.zeros(n_layer + 1)
+        depth = F.mean_depth(hist, empty=n_layer)
+        tok_s = steps / secs if secs > 0 else 0.0
+        if c == "backbone":
+            base_tok_s = tok_s
+        out["configs"][c] = {"n": len(rs), "correct": sum(r["correct"] for r in rs),
+                             "accuracy": sum(r["correct"] for r in rs) / len(rs) if rs else 0.0,
+                             "decode_tok_s": tok_s, "mean_depth": depth, "exit_histogram": [int(x) for x in hist],
+                             "tokens": sum(r["tokens"] for r in rs)}
+    for c, d in out["configs"].items():
+        d["speedup"] = d["decode_tok_s"] / base_tok_s if base_tok_s else None
+    return out
+
+
+def format_table(summary: dict) -> str:
+    L = summary["n_layer"]
+    lines = [f"{summary['task']} on {summary['model']}: {summary['problems']} problems, greedy, "
+             f"at most {summary['max_tokens']} tokens",
+             f"{'config':<10} {'accuracy':>13} {'decode tok/s':>13} {'vs backbone':>12} {'depth':>10}"]
+    for c, d in summary["configs"].items():
+        sp = f"{d['speedup']:.2f}x" if d.get("speedup") else "-"
+        lines.append(f"{c:<10} {d['accuracy']:>6.1%} {d['correct']:>3}/{d['n']:<3} {d['decode_tok_s']:>13.1f} "
+                     f"{sp:>12} {d['mean_depth']:>5.1f}/{L:<4}")
+    return "\n".join(lines)

@@ -1,0 +1,246 @@
+"""Every PNG figure of the measurements (matplotlib, no display needed): calibration, the runtime benchmark, the
+decoding modes, long and batched runs, and the results pages' quality and accuracy plots."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def calibration(summary: dict, path: str | Path, title: str = "") -> Path:
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, rho in summary["spearman_per_layer"].items():
+        a.plot(range(len(rho)), rho, marker=".", label=name.replace("_", " "))
+    a.axhline(0, color="grey", lw=0.8)
+    a.set(xlabel="exit after layer l", ylabel="Spearman(signal, KL of exiting at l)",
+          title="Does the signal predict the damage? (test prompts)", ylim=(-1, 1))
+    a.legend(fontsize=8)
+
+    sweep = summary["test_clean_sweep"]
+    b.plot([p["depth"] for p in sweep], [p["kl"] for p in sweep], color="C0", alpha=0.5,
+           label=f"{summary['rule']} rule sweep (clean cache)")
+    t = summary["test"]
+    L = t["backbone"]["depth"]
+    b.plot([0, L], [t["all_river"]["kl"], 0], ls="--", color="grey", lw=0.8, label="random mix, ideal line")
+    for key, style in (("rule", "C0o"), ("random_same_depth", "C3s"), ("all_river", "kD"), ("backbone", "g^")):
+        b.plot(t[key]["depth"], t[key]["kl"], style, ms=8, label=f"{key.replace('_', ' ')} (online)")
+    b.set(xlabel="mean backbone layers per decode token", ylabel="mean KL vs backbone",
+          title="Quality against depth (test prompts)")
+    b.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def river_vs_ideal_from_medians(res: dict) -> float:
+    """The calibrated river's per-token time over the ideal line's at its mean depth, from the paired median
+    ratios of each configuration (a second estimator beside the per-sample one: their gap is the noise)."""
+    rows, L = res["configs"], res["n_layer"]
+    r_ar = 1.0 / rows["all-river"]["decode_ratio"]
+    return (1.0 / rows["river"]["decode_ratio"]) / (r_ar + rows["river"]["mean_depth"] / L * (1.0 - r_ar))
+
+
+def runtime(res: dict, path: str | Path) -> Path:
+    """`river bench`: speed against the backbone, and the forced-exit sweep against the ideal line."""
+    # Paired quantities only (ratios to the backbone of the same round and prompt): on a shared machine the
+    # absolute medians of different configurations can come from different load phases.
+    rows = res["configs"]
+    main = [k for k in rows if not k.startswith("exit@")]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
+    x = np.arange(len(main))
+    w = 0.4
+    bars = a.bar(x - w / 2, [rows[k]["decode_ratio"] for k in main], w, label="decode")
+    pbars = a.bar(x + w / 2, [rows[k]["prefill_ratio"] for k in main], w, label="prefill (~200-token ubatch)",
+                  color="C1", alpha=0.7)
+    for bars_, key, col in ((bars, "decode", "k"), (pbars, "prefill", "C1")):
+        for bar, k in zip(bars_, main):
+            a.annotate(f"{rows[k][key + '_ratio']:.2f}x\n{rows[k][key + '_tps']:.0f}/s",
+                       (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                       fontsize=6.5, color=col)
+    a.axhline(1.0, color="grey", lw=0.8)
+    a.set_xticks(x, [k + (f"\nd={rows[k]['mean_depth']:.1f}" if rows[k].get("river_on") else "") for k in main],
+                 fontsize=8)
+    a.set(ylabel="tok/s relative to the backbone (paired median)",
+          title="Speed vs the backbone, same run (label: ratio, median tok/s)")
+    a.legend(fontsize=8, loc="upper left")
+
+    L = res["n_layer"]
+    sw = res["sweep"]
+    if sw:
+        rel = lambda k: 1.0 / rows[k]["decode_ratio"]  # per-token time relative to the backbone
+        r_ar = rel("all-river")
+        xs = np.array([0, L])
+        b.plot(xs, r_ar + xs / L * (1.0 - r_ar), "--", color="grey", label="ideal line (from all-river and backbone)")
+        b.plot([s["backbone_layers"] for s in sw], [rel(f"exit@{s['exit']}") for s in sw], "o-", color="C0",
+               label="forced exit after layer e (measured)")
+        for s in sw:
+            b.annotate(f"{s['ratio_to_ideal']:.3f}", (s["backbone_layers"], rel(f"exit@{s['exit']}")),
+                       textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+        b.plot([0], [r_ar], "kD", label="all-river")
+        b.plot([L], [1.0], "g^", ms=8, label="backbone (river off)")
+        rv = rows["river"]
+        b.plot([rv["mean_depth"]], [rel("river")], "r*", ms=12,
+               label=f"river, calibrated ({rv.get('ratio_to_ideal_at_depth', float('nan')):.3f} x ideal per sample, "
+                     f"{river_vs_ideal_from_medians(res):.3f} as drawn)")
+        b.set(xlabel="layers run on the backbone (e + 1)", ylabel="time per decode token / backbone's",
+              title="Forced-exit sweep vs the ideal line (label: measured / ideal, paired)")
+        b.legend(fontsize=8)
+    m = res["method"]
+    fig.suptitle(f"{res['model']}: {res['weights']}\n{m['threads']} threads, {len(m['prompts'])} packaged calibration "
+                 f"prompts (chat template) x {m['rounds']} rounds, {m['decode_tokens']} greedy tokens, prefill "
+                 f"{m['prefill_tokens']} tokens; load avg {res['machine']['load_before']['loadavg_1_5_15'][0]}"
+                 f"-{res['machine']['load_after']['loadavg_1_5_15'][0]}", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def modes(res: dict, path: str | Path) -> Path:
+    """`river bench --mode`: each configuration's speed and how much of its text is the backbone's."""
+    cs = list(res["configs"])
+    d = res["configs"]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    plain = set(res.get("files", {})) - {"river", "draft"}   # the stock files it compared
+    color = ["0.5" if c == "backbone" else "C2" if c in plain else "C0" for c in cs]
+    ax[0].bar(cs, [d[c]["ratio_median"] for c in cs], color=color)
+    ax[0].errorbar(range(len(cs)), [d[c]["ratio_median"] for c in cs],
+                   yerr=[[d[c]["ratio_median"] - d[c]["ratio_min"] for c in cs],
+                         [d[c]["ratio_max"] - d[c]["ratio_median"] for c in cs]], fmt="none", ecolor="k", lw=0.8)
+    for i, c in enumerate(cs):
+        ax[0].text(i, d[c]["ratio_median"], f"{d[c]['ratio_median']:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax[0].axhline(1, color="0.6", lw=0.8)
+    ax[0].set_ylabel("decode speed / backbone (median, min-max)")
+    ax[0].set_title(f"{res['model']}: greedy, {res['threads']} threads", fontsize=10)
+    ax[1].bar(cs, [d[c]["common_prefix_mean"] / res["tokens"] for c in cs], color=color)
+    ax[1].set_ylabel(f"share of the {res['tokens']} tokens equal to the backbone's\n(common prefix, mean)")
+    ax[1].set_ylim(0, 1.05)
+    ax[1].set_title("exact must be 1.0; plain quantization shown beside every river mode", fontsize=9)
+    for a in ax:
+        a.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def _rolling(x: Sequence[float], w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trailing mean over w positions (fewer at the start): (positions, means)."""
+    x = np.asarray(x, dtype=np.float64)
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    i = np.arange(1, len(x) + 1)
+    lo = np.maximum(i - w, 0)
+    return i - 1, (c[i] - c[lo]) / (i - lo)
+
+
+def longrun(long: dict | None, batch: dict | None, path, w: int = 64) -> Path:
+    """Left: KL vs position of each mode of the long run; right: each sequence of the batch run, batched
+    (solid) and alone (dashed). Trailing means over w tokens."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
+    title = []
+    if long:
+        lo, hi = math.inf, 0.0
+        for m, r in long["modes"].items():
+            x, y = _rolling(r["kl"], w)
+            lo, hi = min(lo, y.min()), max(hi, y.max())
+            depth = f", depth {r['mean_depth']:.1f}/{long['n_layer']}" if "mean_depth" in r else ""
+            a.plot(x, y, label=f"{m}: mean KL {r['kl_mean']:.3g}, agree {r['agreement']:.1%}{depth}")
+        a.set(xlabel="generated token", ylabel=f"KL(backbone || mode), nats, mean of last {w}",
+              title=f"One generation of {long['n_tokens']} tokens (backbone's greedy text)")
+        if lo > 0:  # river and fast KL can be 10x apart: log, floored (a first step on the backbone is ~1e-15)
+            a.set_yscale("log")
+            a.set_ylim(max(lo, hi * 1e-3), hi * 1.5)
+        else:  # a mode equal to the backbone (KL 0 or -1e-15)
+            a.set_ylim(bottom=0)
+        a.legend(fontsize=8)
+        title.append(f"{long['model']}, {long['threads']} threads")
+    else:
+        a.text(0.5, 0.5, "long run: not run", ha="center", va="center", transform=a.transAxes)
+        a.set_axis_off()
+    if batch:
+        for s, q in enumerate(batch["sequences"]):
+            for key, ls in (("batch", "-"), ("alone", "--")):
+                x, y = _rolling(q[key]["kl"], w)
+                b.plot(x, y, ls=ls, color=f"C{s}", label=f"seq {s} {key}: mean KL {q[key]['kl_mean']:.3g}")
+        b.set(xlabel="generated token", ylabel=f"KL(backbone || river rule), mean of last {w}",
+              title=f"{batch['n_seq']} sequences in one batch (solid) vs alone (dashed); depth "
+                    f"{batch['batch_mean_depth']:.1f} vs {batch['alone_mean_depth']:.1f}/{batch['n_layer']}",
+              ylim=(0, None))
+        b.legend(fontsize=7, ncol=2)
+        title.append(f"batch: {batch['model']}, {batch['threads']} threads, {batch['n_tokens']} tokens/seq")
+    else:
+        b.text(0.5, 0.5, "batch run: not run", ha="center", va="center", transform=b.transAxes)
+        b.set_axis_off()
+    fig.suptitle("; ".join(title), fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pareto(q: dict, modes: dict | None, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c, d in q["configs"].items():
+        kind = "C2" if c.startswith("q") else "0.4" if c == "backbone" else "C1" if "random" in c else "C0"
+        mk = "s" if c.startswith("q") else "x" if "random" in c else "o"
+        ax.scatter(d["speed_ratio"], d["agreement"], color=kind, marker=mk)
+        ax.annotate(c, (d["speed_ratio"], d["agreement"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if modes and "exact" in modes["configs"]:
+        ax.scatter(modes["configs"]["exact"]["ratio_median"], 1.0, color="C3", marker="*", s=120)
+        ax.annotate("exact", (modes["configs"]["exact"]["ratio_median"], 1.0), fontsize=7, xytext=(3, -10),
+                    textcoords="offset points")
+    ax.set_xlabel("decode speed / backbone")
+    ax.set_ylabel("top-1 agreement with the backbone (held-out text)")
+    ax.set_title(f"{q['model']}: river modes (blue), random (orange x), plain quantization (green), exact (red)",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pareto_accuracy(evals: dict[str, dict], path: Path) -> Path:
+    fig, axs = plt.subplots(1, len(evals), figsize=(4.5 * len(evals), 4), squeeze=False)
+    for ax, (t, e) in zip(axs[0], evals.items()):
+        for c, d in e["configs"].items():
+            color = "C2" if c.startswith("q") else "0.4" if c == "backbone" else "C3" if c == "exact" else "C0"
+            ax.scatter(d["speedup"] or 0, d["accuracy"], color=color)
+            ax.annotate(c, (d["speedup"] or 0, d["accuracy"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_title(f"{t}: {e['problems']} problems", fontsize=9)
+        ax.set_xlabel("decode speed / backbone")
+        ax.set_ylabel("accuracy")
+    fig.suptitle(f"{next(iter(evals.values()))['model']}: accuracy vs speed", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def depth_hist(q: dict, path: Path) -> Path:
+    hs = {c: d["hist"] for c, d in q["configs"].items() if "hist" in d}
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    L = q["n_layer"]
+    w = 0.8 / max(len(hs), 1)
+    for i, (c, h) in enumerate(hs.items()):
+        h = np.asarray(h, float)
+        ax.bar(np.arange(L + 1) + i * w, h / h.sum(), width=w, label=c)
+    ax.set_xlabel("backbone layers run (exit layer + 1)")
+    ax.set_ylabel("share of decode steps")
+    ax.set_title(f"{q['model']}: exit depth, held-out text", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,407 @@
+"""The results pages, written from the benchmark JSON alone (bench/results.py runs the measurements): the
+generated section of docs/results.md and the README's headline table, one table per host, and their plots."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import plots as P
+
+SMOL, QWEN, QWEN15 = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+PLAIN = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
+FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
+EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
+
+
+def _load(out: Path, name: str) -> dict | None:
+    p = out / f"{name}.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _x(v, f="{:.2f}"):
+    return "-" if v is None else f.format(v)
+
+
+def _calibration(c: dict, model: str) -> list[str]:
+    t, L = c["test"], c["test"]["backbone"]["depth"]
+    rows = [("fitted rule", t["rule"]), ("random tokens, same depth", t["random_same_depth"]),
+            ("all-river", t["all_river"]), ("backbone", t["backbone"])]
+    med = c["spearman_median"]
+    out = [f"**Calibration, {model}** (target mean KL <= {c['target']['value']}, {c['n_fit_prompts']} prompts "
+           f"to fit, {c['n_test_prompts']} unseen; online over {t['rule'].get('tokens_per_prompt', 32)} generated tokens "
+           f"per prompt, each policy writing its own K/V):", "",
+           f"| policy (unseen prompts) | backbone layers per token (of {int(L)}) | mean KL | top-1 agreement |",
+           "|---|---|---|---|"]
+    out += [f"| {n} | {m['depth']:.2f} | {m['kl']:.4f} | {m['agreement']:.3f} |" for n, m in rows]
+    out += ["", "Median Spearman, per layer, between a signal and the damage of exiting there: " +
+            ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in med.items()) +
+            " (a useful exit signal would be strongly negative for the cosine)."]
+    if g := c.get("gate"):
+        from river_edge.calibration.gate import gate_line
+        line = gate_line(g)
+        out.append(line[0].upper() + line[1:])
+    return out + [""]
+
+
+def _host(m: dict) -> str:
+    """The host line every speed table carries: figures from other hosts never share a table."""
+    cpu = (m.get("host") or {}).get("cpu") or {}
+    isa = [x for x in cpu.get("isa", []) if x in ("avx2", "avx512f", "amx_tile", "neon")]
+    bt = sorted({b for f in (m.get("buffer_types") or {}).values() for kinds in f.values() for b in kinds})
+    return (f"host {cpu.get('model', 'not recorded')}" + (f" ({', '.join(isa)})" if isa else "") +
+            f", {m['threads']} threads, load {m['load_before']['loadavg_1_5_15'][0]}" +
+            (f", weights in {'/'.join(bt)} buffers" if bt else ""))
+
+
+def _modes(m: dict) -> list[str]:
+    out = [f"**Decoding modes, {m['model']}** (`river bench {m['model']} --mode {','.join(m['configs'])}`; {m['tokens']} greedy tokens "
+           f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process; "
+           f"{_host(m)}):", "",
+           "| config | tok/s | x backbone (median, 95% CI) | request x backbone | peak MiB | runs identical to backbone | notes |",
+           "|---|---|---|---|---|---|---|"]
+    from river_edge.measure.modes import note
+    for c, d in m["configs"].items():
+        lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
+        mem = (d.get("memory") or {}).get("peak_mib")
+        out.append(f"| {c} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f} ({lo:.2f}-{hi:.2f}) | "
+                   f"{_x(d.get('request_ratio_median'))} | {_x(mem, '{:.0f}')} | {d['identical_runs']}/{d['runs']} | {note(c, d, m)} |")
+    ex = m["configs"].get("exact", {}).get("cost_model")
+    if ex:
+        v = ex["verify_ms_used"]
+        out += ["", f"Exact mode's cost model on this host: draft step {ex['draft_ms']:.1f} ms, backbone batch of "
+                f"1..{len(v)} tokens " + ", ".join(f"{x:.0f}" for x in v) + " ms. On hardware where a batch of 5 "
+                "costs about one step (GPU, Metal, more cores) the same acceptance gives more: speed-up = "
+                "E(k) / (k draft + verify(k+1)) with E(k) = (1 - a^(k+1)) / (1 - a)."]
+    return out + [""]
+
+
+def _quality(q: dict, modes: dict | None) -> list[str]:
+    L = q["n_layer"]
+    out = [f"**Distribution quality, {q['model']}** (`river_edge.measure.quality`: teacher-forced on {len(q['texts'])} "
+           f"held-out texts, {q['positions']} positions, one token per decode as in generation; speed = this run's "
+           "decode tok/s over the backbone's, one configuration after another):", "",
+           "| config | mean KL vs backbone | top-1 agreement | perplexity | backbone layers | speed x backbone |",
+           "|---|---|---|---|---|---|"]
+    for c, d in q["configs"].items():
+        depth = f"{d['mean_depth']:.1f}/{L}" if "mean_depth" in d else "-"
+        extra = f" (fallback {d['fallback_rate']:.2f})" if "fallback_rate" in d else ""
+        if c == q.get("shipped_type"):
+            extra = " (the shipped type: the backbone's own values)"
+        out.append(f"| {c}{extra} | {max(d['kl'], 0):.4f} | {d['agreement']:.3f} | {d['perplexity']:.3f} | {depth} | "
+                   f"{d['speed_ratio']:.2f} |")
+    gates = [(r, c[f"gated@{r}"], c[f"gated-random@{r}"]) for r in (0.1, 0.25, 0.5)
+             if f"gated@{r}" in (c := q["configs"]) and f"gated-random@{r}" in c]
+    if modes and "exact" in modes["configs"]:
+        e = modes["configs"]["exact"]
+        out.append(f"| exact (from the modes benchmark) | 0 (the backbone's tokens: {e['identical_runs']}/{e['runs']} "
+                   f"runs identical) | 1 | backbone's | {L}/{L} verified | {e['ratio_median']:.2f} |")
+    if gates:
+        out += ["", "Gated mode against random fallback at the same rate (online, teacher-forced): " + "; ".join(
+            f"rate {g['fallback_rate']:.2f}: KL {g['kl']:.4f} vs {gr['kl']:.4f} (random at {gr['fallback_rate']:.2f}), "
+            f"top-1 {g['agreement']:.3f} vs {gr['agreement']:.3f}" for r, g, gr in gates) + "."]
+    return out + [""]
+
+
+def _dominance(q: dict) -> list[str]:
+    """Plain words: which lossy river configuration is beaten on both axes by plain quantization."""
+    c = q["configs"]
+    # the shipped type is no quantization of the backbone (the backbone is its upcast): not a fair point
+    plain = {k: v for k, v in c.items() if k.startswith("q") and k != q.get("shipped_type")}
+    lossy = {k: v for k, v in c.items() if k in ("river", "fast", "gated", "random") or k.startswith("tau=")}
+    out = []
+    for k, v in lossy.items():
+        beat = [p for p, pv in plain.items() if pv["speed_ratio"] >= v["speed_ratio"] and pv["kl"] <= v["kl"]]
+        if beat:
+            b = min(beat, key=lambda p: plain[p]["kl"])
+            out.append(f"- **{k}** is dominated by plain {b.upper()}: {plain[b]['speed_ratio']:.2f}x vs "
+                       f"{v['speed_ratio']:.2f}x the backbone's speed, KL {plain[b]['kl']:.4f} vs {v['kl']:.4f}.")
+        else:
+            out.append(f"- **{k}** ({v['speed_ratio']:.2f}x, KL {v['kl']:.4f}) is not dominated by a plain type here.")
+    return out
+
+
+def _why(q: dict, cal: dict | None, modes: dict | None, lr: dict | None, rt: dict | None = None) -> list[str]:
+    """Why plain quantization wins where it does, in numbers from the same JSON."""
+    c, L = q["configs"], q["n_layer"]
+    out = []
+    if rt and (r := rt["configs"].get("river", {}).get("ratio_to_ideal_at_depth")):
+        out.append(f"- Deciding: the rule reads the cosine after every layer it may exit at (one sync each); in the "
+                   f"runtime benchmark the calibrated rule ran at {1 / r:.2f} of the speed its depth alone would give "
+                   f"({rt['configs']['river']['decode_ratio']:.2f}x the backbone).")
+    if "river" in c:
+        d = c["river"]["mean_depth"]
+        out.append(f"- Depth: the calibrated rule runs {d:.1f} of {L} backbone layers per token on this text, so "
+                   f"{1 - d / L:.0%} of the layer work is on the 4-bit river, yet every token still pays the rest.")
+    if "fast" in c and "q4_0" in c:
+        out.append(f"- The river's own error: all-river (every layer and the head 4-bit) costs KL {c['fast']['kl']:.4f} "
+                   f"where plain Q4_0 costs {c['q4_0']['kl']:.4f}: the river is a second rounding of weights that "
+                   "are already an upcast of the shipped quantization.")
+    if cal and "fast" in c:
+        ar, clean = cal["test"]["all_river"], cal.get("gate", {}).get("test_all_river")
+        out.append("- KV pollution: all-river costs KL " +
+                   (f"{clean['kl']:.4f} with a clean cache (the river reading backbone-written K/V), " if clean else "") +
+                   f"{ar['kl']:.4f} online over {ar.get('tokens_per_prompt', 32)} tokens of the model's own text "
+                   f"(its K/V feeding later tokens, calibration's unseen prompts), and {c['fast']['kl']:.4f} online on "
+                   "held-out text the model did not write.")
+    if lr and "river" in lr["long"]["modes"]:
+        d = lr["long"]["modes"]["river"]
+        out.append(f"- Along a {lr['long']['n_tokens']}-token generation the rule's KL goes from "
+                   f"{d['kl_first_quarter']:.4f} (first quarter) to {d['kl_last_quarter']:.4f} (last quarter).")
+    if q.get("head_share") is not None:
+        out.append(f"- The LM head: any exit >= 0 keeps the backbone's F16 head, {q['head_share']:.0%} of a backbone "
+                   "step's weight bytes, read in full by every token however early it exits (plain Q4_0 reads a "
+                   "Q6_K head; all-river and drafts read the river's Q4_0 head).")
+    if modes:
+        fm = {k: v["file_mib"] for k, v in modes["configs"].items()}
+        if "q4_0" in fm:
+            out.append(f"- Memory: the river GGUF holds both weight sets, {fm['backbone']:.0f} MiB against "
+                       f"{fm['q4_0']:.0f} MiB for plain Q4_0.")
+    return out
+
+
+def _eval(evals: dict[str, dict]) -> list[str]:
+    if not evals:
+        return []
+    first = next(iter(evals.values()))
+    out = [f"**Accuracy, {first['model']}** (`river eval --task T --limit N --configs {','.join(EVAL_CONFIGS)}`; greedy, "
+           "chat template, problems interleaved across configurations so speeds come from the same run):", "",
+           "| task (problems, max tokens) | " + " | ".join(first["configs"]) + " |",
+           "|---|" + "---|" * len(first["configs"])]
+    for t, e in evals.items():
+        cells = [f"{d['accuracy']:.1%} ({d['speedup']:.2f}x, {d['mean_depth']:.1f} layers)" if d.get("speedup")
+                 else f"{d['accuracy']:.1%}" for d in e["configs"].values()]
+        out.append(f"| {t} ({e['problems']}, {e['max_tokens']}) | " + " | ".join(cells) + " |")
+    out += ["", "Each cell: accuracy (decode speed x backbone, mean backbone layers per decode step; for exact the mix "
+            "of draft steps, 0 layers, and verification batches, all layers). These runs shared the 2 cores with "
+            "other jobs at times: take speeds from the decoding-modes tables, accuracy from here."]
+    return out + [""]
+
+
+def _spec_compare(s: dict) -> list[str]:
+    out = [f"**Exact speed-ups on {s['model']}** (`python bench/spec_compare.py`; {s['tokens']} greedy tokens x "
+           f"{s['rounds']} rounds alternating; peak memory in a fresh process):", "",
+           "| config | tok/s | x backbone | rounds identical | peak MiB |", "|---|---|---|---|---|"]
+    for c in s["ratio_median"]:
+        out.append(f"| {c} | {s['tok_s_median'][c]:.1f} | {s['ratio_median'][c]:.2f} | {s['identical_rounds'][c]}/"
+                   f"{s['rounds']} | {_x(s['peak_mib'].get(c), '{:.0f}')} |")
+    fm = s["file_mib"]
+    out += ["", f"Files: backbone {fm['backbone']:.0f} MiB; river GGUF (backbone + river + head) {fm['river']:.0f} MiB; "
+            f"draft model {fm['draft']:.0f} MiB (loaded beside the backbone)."]
+    return out + [""]
+
+
+def _long(lr: dict, model: str) -> list[str]:
+    lo, b = lr["long"], lr["batch"]
+    out = [f"**Long and batched runs, {model}** (`river_edge.measure.longrun`, figure `longrun_{model}.png`):", ""]
+    for m, d in lo["modes"].items():
+        out.append(f"- {lo['n_tokens']}-token generation, {m}: mean KL {d['kl_mean']:.4f} (first quarter "
+                   f"{d['kl_first_quarter']:.4f}, last quarter {d['kl_last_quarter']:.4f}), top-1 {d['agreement']:.3f}, "
+                   f"backbone layers {d['mean_depth']:.1f}.")
+    if text := lo.get("continuation"):
+        w = text.split()
+        last = w[3 * len(w) // 4:]
+        grams = [tuple(last[i:i + 4]) for i in range(len(last) - 3)]
+        if grams:
+            out.append(f"- Read with care: the backbone's own greedy text turns repetitive (its last quarter has "
+                       f"{len(set(grams)) / len(grams):.0%} distinct word 4-grams), which makes late tokens easy for "
+                       "every mode; what the run shows is that KL does not grow along the sequence, not that it falls.")
+    out.append(f"- {b['n_seq']} sequences decoded as one batch with the rule ({b['n_tokens']} tokens each): mean KL "
+               f"{b['batch_kl_mean']:.4f}, top-1 {b['batch_agreement']:.3f}, backbone layers {b['batch_mean_depth']:.1f}; "
+               f"each alone: KL {b['alone_kl_mean']:.4f}, top-1 {b['alone_agreement']:.3f}, layers "
+               f"{b['alone_mean_depth']:.1f} (in a batch the min cosine decides, so the batch exits later).")
+    return out + [""]
+
+
+def _runtime(r: dict) -> list[str]:
+    c = r["configs"]
+    pk = lambda k: _x((c[k].get("memory") or {}).get("peak_mib"), "{:.0f}")  # noqa: E731
+    return [f"Runtime benchmark, {r['model']} (`river bench {r['model']}`): backbone {c['backbone']['decode_tps']:.1f} "
+            f"tok/s; calibrated rule {c['river']['decode_ratio']:.2f}x at {c['river']['mean_depth']:.1f} layers; all-river "
+            f"{c['all-river']['decode_ratio']:.2f}x with the backbone's head"
+            + (f", {c['fast']['decode_ratio']:.2f}x with the river's (fast)" if "fast" in c else "") +
+            f"; plain Q8_0 {c['q8_0']['decode_ratio']:.2f}x; plain Q4_0 "
+            f"{c['q4_0']['decode_ratio']:.2f}x; prefill with the rule {c['river']['prefill_ratio']:.2f}x. Peak MiB: river "
+            f"GGUF {pk('river')}, Q8_0 {pk('q8_0')}, Q4_0 {pk('q4_0')}." + _targets(r), ""]
+
+
+def _targets(r: dict) -> str:
+    t = r.get("targets", {})
+    out = []
+    if s := t.get("sweep_within_5pct_of_ideal"):
+        out.append(f"forced-exit sweep: worst point {s['worst_ratio']:.3f} x the ideal line's time (target within "
+                   f"5%: {'met' if s['met'] else 'not met'})")
+    if d := t.get("decision_share"):
+        out.append(f"exit decisions {d['value']:.2%} of the decode step ({'met' if d['met'] else 'not met'}: < 1%)")
+    if p := t.get("prefill_river_vs_backbone"):
+        out.append(f"prefill with the rule on {p['value']:.2f} of the backbone's ({'met' if p['met'] else 'not met'}: "
+                   ">= 0.97)")
+    return (" Runtime targets: " + "; ".join(out) + ".") if out else ""
+
+
+def _same_answers(jsonl: Path, a: str, b: str) -> int | str:
+    """Problems on which configurations a and b wrote the very same completion."""
+    if not jsonl.is_file():
+        return "?"
+    rows = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
+    by = {(r["config"], r["id"]): r["completion"] for r in rows}
+    return sum(1 for (c, i), text in by.items() if c == a and by.get((b, i)) == text)
+
+
+def _headline(out: Path) -> list[str]:
+    """The few numbers a reader needs first, from the same JSON as the tables below."""
+    h = []
+    for model in (SMOL, QWEN):
+        m = _load(out, f"modes_{model}")
+        if m and "exact" in m["configs"]:
+            e = m["configs"]["exact"]
+            h.append(f"- Exact mode, {model}: {e['ratio_median']:.2f}x the backbone's decode speed (median), output "
+                     f"identical in {e['identical_runs']}/{e['runs']} runs.")
+    if s := _load(out, f"spec_compare_{QWEN15}"):
+        r = s["ratio_median"]
+        h.append(f"- Exact mode, {QWEN15}: {r.get('exact', 0):.2f}x, against llama-cpp-python's prompt lookup "
+                 f"{r.get('prompt-lookup', 0):.2f}x and a separate 0.5B draft model {r.get('draft-model', 0):.2f}x.")
+    for model in (SMOL, QWEN):
+        q = _load(out, f"quality_{model}")
+        if not q:
+            continue
+        c = q["configs"]
+        g = [(c[f"gated@{r}"], c[f"gated-random@{r}"]) for r in (0.1, 0.25, 0.5) if f"gated@{r}" in c]
+        if g:
+            better = all(a["kl"] < b["kl"] for a, b in g)
+            h.append(f"- Gated mode, {model}: KL {'below' if better else 'NOT always below'} random fallback at every "
+                     f"measured rate (" + ", ".join(f"{a['kl']:.3f} vs {b['kl']:.3f}" for a, b in g) + ").")
+        if "river" in c and "random" in c:
+            h.append(f"- The paper's rule, {model}: KL {c['river']['kl']:.3f} at {c['river']['mean_depth']:.1f} of "
+                     f"{q['n_layer']} layers ({c['river']['speed_ratio']:.2f}x), random exits at the same depths {c['random']['kl']:.3f}; plain Q8_0 "
+                     f"{c['q8_0']['kl']:.4f} at {c['q8_0']['speed_ratio']:.2f}x." if "q8_0" in c else "")
+    evals = {t: e for t in FULL if (e := _load(out, f"eval_{QWEN}_{t}"))}
+    if evals:
+        parts = []
+        for t, e in evals.items():
+            same = _same_answers(out / "eval" / Path(e["results"]).name, "exact", "backbone")
+            parts.append(f"{t}: {e['configs']['exact']['correct']}/{e['problems']} correct vs "
+                         f"{e['configs']['backbone']['correct']}/{e['problems']}, identical answers on {same}/{e['problems']}")
+        h.append(f"- Accuracy, {QWEN}, exact mode against the backbone, problem by problem: " + "; ".join(parts) + ".")
+    return (["**In short:**", ""] + [x for x in h if x] + [""]) if h else []
+
+
+def _vs(m: dict, c: str, ref: str) -> float | None:
+    """Median over (round, prompt) of config c's tok/s over ref's in the same round and prompt."""
+    if ref not in m["configs"]:
+        return None
+    return float(np.median([r["tok_s"][c] / r["tok_s"][ref] for r in m["rows"]]))
+
+
+HEADLINE_MODELS = ((SMOL, SMOL), (QWEN, QWEN), (QWEN15, QWEN15), (f"{QWEN15}-keep", f"{QWEN15}, river over the shipped weights"))
+
+
+HEADLINE_CONFIGS = ("backbone", "exact", "exact:river+ngram", "exact:draft", *PLAIN.split(","))
+
+
+def headline(out: Path) -> list[str]:
+    """README's first tables: exact mode against the files a user would run instead, memory beside speed; one
+    table per host (ratios move a lot between hosts)."""
+    by_host: dict[str, list[str]] = {}
+    for key, label in HEADLINE_MODELS:
+        m = _load(out, f"modes_{key}")
+        if not m:
+            continue
+        rows = by_host.setdefault(_host(m).split(", load")[0], [])
+        for c, d in m["configs"].items():
+            if c not in HEADLINE_CONFIGS:
+                continue
+            lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
+            mem = (d.get("memory") or {}).get("peak_mib")
+            name = {"backbone": "backbone (F16 upcast)" if "keep" not in key else "backbone (shipped weights)",
+                    "shipped": "the shipped file"}.get(c, c)
+            rows.append(f"| {label} | {name} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) | "
+                        f"{_x(_vs(m, c, 'shipped'), '{:.2f}x')} | {d['identical_runs']}/{d['runs']} | "
+                        f"{d['file_mib']:.0f} | {_x(mem, '{:.0f}')} |")
+    if not by_host:
+        return []
+    out_lines = ["Greedy decoding; every configuration alternates in one process on the same chat prompts; median over "
+                 "rounds and prompts with a bootstrap 95% interval. *Same text*: runs whose every token equals the "
+                 "backbone's. The offline models ship quantized and the backbone is their F16 upcast, the same values "
+                 "as the shipped file, so a speed-up over the backbone is not one over the file you have: that is the "
+                 "next column. Q8_0/Q4_K_M/Q4_0 are llama-quantize of the backbone. Peak memory: a fresh process "
+                 "loading the file(s) and generating.", ""]
+    for host, rows in by_host.items():
+        out_lines += [f"*{host}:*", "",
+                      "| model | config | tok/s | x backbone (95% CI) | x shipped file | same text as backbone | file MiB | peak MiB |",
+                      "|---|---|---|---|---|---|---|---|", *rows, ""]
+    return out_lines + ["Generated by `python bench/results.py report` from `bench/results/modes_*.json`; every "
+                        "drafter, mode and figure in [docs/results.md](docs/results.md)."]
+
+
+HEADLINE = ("<!-- headline:begin (generated by `python bench/results.py report`) -->", "<!-- headline:end -->")
+
+
+def _replace_block(page: Path, markers: tuple[str, str], text: str) -> None:
+    body = page.read_text()
+    b, e = markers
+    if b not in body or e not in body:
+        raise SystemExit(f"{page}: no {b.split(' ')[1].split(':')[0]} markers")
+    head, rest = body.split(b, 1)
+    _, tail = rest.split(e, 1)
+    page.write_text(head + b + "\n" + text + e + tail)
+
+
+BEGIN, END = "<!-- results:begin (generated by `python bench/results.py report`) -->", "<!-- results:end -->"
+
+
+def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
+    """The generated section of `readme` (docs/results.md) from the JSON in `out`, its plots beside the JSON, and
+    the headline table of `front` (the README) when given; returns the section's text."""
+    lines = ["All figures: 2 threads on a shared 2-core x86 machine, greedy decoding. Weights: the offline models "
+             "ship quantized (SmolLM2-135M-Instruct Q4_1, Qwen2.5-Coder-0.5B and 1.5B Q4_K_M); the backbone is their F16 "
+             "upcast, the river Q4_0 re-quantized from it (with a Q4_0 copy of the LM head for all-river drafts), and "
+             "plain Q4_0/Q4_1/Q5_1/Q8_0 are the shipped models re-quantized with ggml. Regenerate with "
+             "`make results` (all measurements, resumable; at full accuracy-set sizes about 9 hours on 2 cores, the accuracy runs shown are subsets: see their problem counts) or `python bench/results.py report` (this "
+             "text and the plots, from `bench/results/*.json`).", ""]
+    lines += _headline(out)
+    for model in (SMOL, QWEN):
+        modes = _load(out, f"modes_{model}")
+        q = _load(out, f"quality_{model}")
+        if c := _load(out, f"calibration_{model}"):
+            lines += _calibration(c, model)
+        if modes:
+            lines += _modes(modes)
+            P.modes(modes, out / f"modes_{model}.png")
+            lines += [f"![modes](bench/results/modes_{model}.png)", ""]
+        if q:
+            lines += _quality(q, modes)
+            lines += [f"![pareto](bench/results/pareto_{model}.png) ![depth](bench/results/depth_{model}.png)", ""]
+            P.pareto(q, modes, out / f"pareto_{model}.png")
+            P.depth_hist(q, out / f"depth_{model}.png")
+            lines += ["Where plain quantization dominates a lossy river configuration (faster and closer to the "
+                      "backbone on the same text), in plain words:", ""] + _dominance(q) + ["", "Why:", ""]
+            lines += _why(q, _load(out, f"calibration_{model}"), modes, _load(out, f"longrun_{model}"),
+                          _load(out, f"runtime_{model}")) + [""]
+        if r := _load(out, f"runtime_{model}"):
+            P.runtime(r, out / f"runtime_{model}.png")
+            lines += _runtime(r) + [f"![runtime](bench/results/runtime_{model}.png)", ""]
+        if lr := _load(out, f"longrun_{model}"):
+            lines += _long(lr, model) + [f"![longrun](bench/results/longrun_{model}.png)", ""]
+    for key in (QWEN15, f"{QWEN15}-keep"):
+        if modes := _load(out, f"modes_{key}"):
+            lines += _modes(modes)
+            P.modes(modes, out / f"modes_{key}.png")
+            lines += [f"![modes](bench/results/modes_{key}.png)", ""]
+    evals = {t: e for t in FULL if (e := _load(out, f"eval_{QWEN}_{t}"))}
+    if evals:
+        lines += _eval(evals)
+        P.pareto_accuracy(evals, out / f"pareto_accuracy_{QWEN}.png")
+        lines += [f"![accuracy](bench/results/pareto_accuracy_{QWEN}.png)", ""]
+    if s := _load(out, f"spec_compare_{QWEN15}"):
+        lines += _spec_compare(s) + [f"![spec_compare](bench/results/spec_compare_{QWEN15}.png)", ""]
+    text = "\n".join(lines).rstrip() + "\n"
+    if readme is not None:   # plots linked relative to the page they appear in
+        rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
+        text = text.replace("](bench/results/", f"]({rel}/")
+        _replace_block(readme, (BEGIN, END), text)
+        if (h := headline(out)) and front is not None:
+            _replace_block(front, HEADLINE, "\n".join(h) + "\n")
+    return text

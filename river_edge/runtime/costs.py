@@ -1,0 +1,139 @@
+"""What a draft and a verification cost: the cost model exact mode chooses k by (river_edge/runtime/spec.py), and the
+start-up probe that measures it once per process and model.
+
+k = argmax over usable batch sizes of E(k) / (k draft + verify(k + 1)), E(k) = (1 - a^(k+1)) / (1 - a), from the
+backbone's batch-cost curve verify(n), each drafter's per-token cost and its running acceptance a. A batch size
+is usable when its rows depart from one-token decoding by at most ROUNDING (docs/design.md, section 4).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from river_edge.runtime.drafters import FREE
+
+_COSTS: dict[tuple, "CostModel"] = {}   # per process: (model path, threads, batch threads, head) -> costs
+# a verification batch whose logits depart from one-token decoding by more than this (in logits) is not
+# chosen: its near-ties (within 4x the departure) would be settled by one-token decodes so often that it cannot pay
+ROUNDING = 0.1
+
+
+@dataclass
+class CostModel:
+    draft_s: float                      # one river step (1 token), Python included
+    verify_s: list[float]               # verify_s[n]: backbone batch of n tokens; [0] unused
+    backbone_s: float = 0.0             # one backbone step (= verify_s[1])
+    tie: float = 0.0                    # batch rounding: max |logit| change of a row decoded in a batch
+    ties: list = field(default_factory=list)      # the same per batch size (x4 headroom); [1] = 0: a one-token decode
+    other_s: dict = field(default_factory=dict)   # per-token cost of drafters other than the river
+    _obs: dict = field(default_factory=dict)
+
+    def step_s(self, drafter: str = "river") -> float:
+        if drafter == "river":
+            return self.draft_s
+        # a drafter never observed starts at the river's cost; its own cycles correct it within a few
+        return self.other_s.get(drafter, 0.0 if drafter in FREE else self.draft_s)
+
+    def observe(self, n: int, dt: float, drafter: str = "river") -> None:
+        """Online update from a real cycle: n = 0 a draft step (of `drafter`), n >= 1 a verification of n
+        tokens. The median of the last 9 observations (the start-up figure among them): on a shared
+        machine single cycles stall for 10x their time now and then, and a mean would chase them."""
+        if n >= len(self.verify_s):
+            return
+        key = ("draft", drafter) if n == 0 else n
+        start = self.step_s(drafter) if n == 0 else self.verify_s[n]
+        w = self._obs.setdefault(key, deque([start], maxlen=9))
+        w.append(dt)
+        m = float(np.median(w))
+        if n == 0 and drafter == "river":
+            self.draft_s = m
+        elif n == 0:
+            self.other_s[drafter] = m
+        else:
+            self.verify_s[n] = m
+
+    def curve(self) -> list[float]:
+        """verify_s made non-decreasing from the right (a batch never costs more than a bigger one): a
+        load spike caught in one size's measurements does not rule that size out."""
+        v = list(self.verify_s)
+        for n in range(len(v) - 2, 0, -1):
+            v[n] = min(v[n], v[n + 1])
+        return v
+
+    def rate(self, k: int, a: float, curve: list[float] | None = None, drafter: str = "river") -> float:
+        """Expected tokens per second of a cycle drafting k at per-token acceptance a."""
+        e = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+        return e / (k * self.step_s(drafter) + (curve or self.curve())[k + 1])
+
+    def usable(self, n: int) -> bool:
+        """A batch of n verifies with one-token arithmetic up to rounding."""
+        return n <= 1 or n >= len(self.ties) or self.ties[n] / 4 <= ROUNDING   # ties carry the x4 headroom
+
+    def best_k(self, a: float, kmax: int, drafter: str = "river") -> int:
+        c = self.curve()
+        ks = [k for k in range(0, min(kmax, len(self.verify_s) - 2) + 1) if self.usable(k + 1)]
+        return max(ks, key=lambda k: self.rate(k, a, c, drafter))
+
+    def as_dict(self) -> dict:
+        return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]],
+                "verify_ms_used": [v * 1e3 for v in self.curve()[1:]],
+                "batch_deviation": [t / 4 for t in self.ties[1:]],
+                "usable_batch": [self.usable(n) for n in range(1, len(self.verify_s))],
+                **({"other_draft_ms": {k: v * 1e3 for k, v in self.other_s.items()}} if self.other_s else {})}
+
+
+def cached(key: tuple) -> CostModel | None:
+    return _COSTS.get(key)
+
+
+def probe(spec, tok: int, pos: int) -> CostModel:
+    """Measured once per process: a river step and backbone batches of 1..kmax+1 at positions pos.. of
+    spec's model (removed afterwards), and how far each batch's rows depart from one-token decodes. Restores
+    the forced exit to the backbone."""
+    key = spec._key()
+    L = spec.llm.n_layer
+    n_max = min(spec.kmax + 1, spec.llm._n_ctx - pos, spec.llm.n_batch)
+
+    def t(fn, reps):
+        out = []
+        for _ in range(reps + 1):          # the first run of a batch size builds its graph
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+            spec._rm(pos)
+        return float(min(out[1:]))          # min: robust to a shared machine's spikes
+
+    # every row of a verification batch against the same position decoded alone (as backbone mode
+    # decodes): rounding where the batch takes the same kernels, more where ggml switches to its batched
+    # ones (k-quants on CPU: up to 0.4 logits from 2-4 rows on)
+    single = []
+    dev = [0.0] * (n_max + 1)
+
+    # distinct tokens, as a real draft has (a batch of one token repeated can hide the difference)
+    ctx = [int(x) for x in spec.llm.input_ids[max(0, pos - n_max + 1):pos]]
+    seq = ([tok] + ctx[::-1] + [tok] * n_max)[:n_max]
+
+    def verify_step(n):
+        rows = spec._decode(seq[:n], pos, True)
+        dev[n] = max(dev[n], max(float(np.abs(rows[i] - single[i]).max()) for i in range(n)))
+
+    try:
+        spec._force(-1)
+        draft = t(lambda: spec._decode([tok], pos, False).argmax(), 4)
+        spec._force(L - 1)
+        for i in range(n_max):
+            single.append(np.array(spec._decode([seq[i]], pos + i, False)[0]))
+        spec._rm(pos)
+        verify = [0.0] + [t(lambda n=n: verify_step(n), 3) for n in range(1, n_max + 1)]
+    finally:
+        spec._force(L - 1)
+        spec._rm(pos)
+    verify = [float(v) for v in np.maximum.accumulate(verify)]   # a bigger batch never costs less: noise
+    # a top-2 margin within this of a tie may flip between the batch and a one-token decode: such
+    # positions are settled by a one-token decode (x4 headroom over what this probe saw)
+    ties = [4.0 * d for d in dev]
+    cm = _COSTS[key] = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties)
+    return cm
