@@ -102,6 +102,17 @@ def test_calibration_meets_its_target_on_unseen_prompts(tiny_llama, tmp_path, ki
     assert g["target_met_online"] == (g["test_online"]["kl"] <= g["target"]["value"])
 
 
+def test_calibration_decodes_each_prompt_once(tiny_llama, tmp_path, monkeypatch):
+    """The rule's signals and the gate's all-river figures come from one backbone decode of each prompt."""
+    decoded = []
+    real = REC.decode_backbone
+    monkeypatch.setattr(REC, "decode_backbone", lambda m, batch, n: decoded.extend(batch) or real(m, batch, n))
+    s = T.Settings(n_prompts=4, decode_tokens=4, online_tokens=8, batch=2)
+    summary = REP.calibrate_file(tiny_llama, tmp_path / "cal.gguf", T.Target("kl", 0.05), s)
+    assert len(decoded) == len(set(map(tuple, decoded))) == s.n_prompts   # each prompt once (it was twice)
+    assert summary["gate"]["gate_entropy"] >= 0
+
+
 def test_online_gated_spans_backbone_and_all_river(model):
     """The gated mode's online check: gate 0 falls back on every token (the backbone: KL 0), gate +inf never
     (all-river with its own K/V: the all-river online figure); between them, between."""

@@ -15,25 +15,17 @@ import torch
 
 from ..format import RiverError
 from ..reference import Policy
-from .record import clean_exits, decode_batches, entropy, kl_div
+from .record import entropy, kl_div, record
 from .rule import spearman
 from .target import Settings, Target
 
 
 def record_gate(model, prompts: list[list[int]], s: Settings) -> tuple[dict[str, np.ndarray], dict]:
     """Clean per-token figures of all-river over the first decode_tokens, and the backbone's reference
-    (prompt, tokens, log-probs) over online_tokens for the online check."""
-    parts = {k: [] for k in ("kl", "agree", "entropy", "margin")}
-    ref = {}
-    with torch.no_grad():
-        for _, _, caches, hid, logits, pos, logp in decode_batches(model, prompts, s, ref):
-            (_, lg), = list(clean_exits(model, caches, hid, pos, [-1]))
-            top2 = torch.softmax(lg, -1).topk(2, -1).values
-            parts["kl"].append(kl_div(logp, lg).flatten())
-            parts["agree"].append((lg.argmax(-1) == logits.argmax(-1)).float().flatten())
-            parts["entropy"].append(entropy(lg).flatten())
-            parts["margin"].append((top2[..., 0] - top2[..., 1]).flatten())
-    return {k: torch.cat(v).numpy().astype(np.float64) for k, v in parts.items()}, ref
+    (prompt, tokens, log-probs) over online_tokens for the online check (record() computes them beside the
+    rule's signals; calibration reads them from there, recording once)."""
+    _, aux = record(model, prompts, s)
+    return aux["gate"], aux["ref"]
 
 
 def online_gated(model, ref: dict, gate: float, batch: int) -> dict:
@@ -124,11 +116,11 @@ def _scaled(target: Target, inflation: float) -> Target:
     return Target("agreement", 1 - (1 - target.value) / inflation)
 
 
-def gate_report(model, prompts: list[list[int]], target: Target, s: Settings) -> dict:
-    """Fit the gate on the first half of the prompts and report it on the second. Fitted on clean figures,
-    then checked online over online_tokens and tightened (as the rule is) until it meets the target there."""
-    half = len(prompts) // 2
-    (fit_rec, fit_ref), (test_rec, test_ref) = record_gate(model, prompts[:half], s), record_gate(model, prompts[half:], s)
+def gate_report(model, fit: tuple[dict, dict], test: tuple[dict, dict], target: Target, s: Settings) -> dict:
+    """Fit the gate on the fit prompts' recordings and report it on the test prompts' ((figures, reference) as
+    record_gate returns them). Fitted on clean figures, then checked online over online_tokens and tightened
+    (as the rule is) until it meets the target there."""
+    (fit_rec, fit_ref), (test_rec, test_ref) = fit, test
     inflation = 1.0
     for _ in range(3):
         gate = fit_gate(fit_rec, _scaled(target, inflation))

@@ -106,19 +106,28 @@ def decode_batches(model: RiverModel, prompts: list[list[int]], s: Settings, ref
 
 def record(model: RiverModel, prompts: list[list[int]], s: Settings, tick: Callable[[int], None] = lambda n: None,
            massive: list[int] | None = None) -> tuple[Trace, dict]:
+    """The backbone decoding the prompts once, and per recorded decode token: the paper's signal at every layer
+    (also without the massive dimensions), the clean cost of exiting after every layer (a Trace, for the rule),
+    and the all-river figures of the gated mode's gate (aux["gate"]: KL, agreement, entropy, top-1 margin);
+    aux["ref"]: the backbone's tokens and log-probs for the online checks of both."""
     L = model.args.n_layer
-    parts, ref = [], {}
+    parts, ref, gate = [], {}, {k: [] for k in ("kl", "agree", "entropy", "margin")}
     T = s.decode_tokens
     for b0, batch, caches, hid, logits, pos, logp in decode_batches(model, prompts, s, ref):
         if massive is None:
             massive = massive_dims(hid)
         top = logits.argmax(-1)
-        exits = clean_exits(model, caches, hid, pos, range(L - 1))
         kl = torch.zeros(len(batch), T, L)
         agree = torch.ones_like(kl)
         ent = torch.zeros_like(kl)
         ent[..., L - 1] = entropy(logits)
-        for e, lg in exits:
+        for e, lg in clean_exits(model, caches, hid, pos, range(-1, L - 1)):
+            if e == -1:   # all river: the gated mode's token before any fallback
+                top2 = torch.softmax(lg, -1).topk(2, -1).values
+                for k, v in (("kl", kl_div(logp, lg)), ("agree", (lg.argmax(-1) == top).float()),
+                             ("entropy", entropy(lg)), ("margin", top2[..., 0] - top2[..., 1])):
+                    gate[k].append(v.flatten())
+                continue
             kl[..., e], agree[..., e], ent[..., e] = kl_div(logp, lg), (lg.argmax(-1) == top).float(), entropy(lg)
         h0, h1 = hid[:-1], hid[1:]                                 # [L, B, T, d]
         cos = torch.nn.functional.cosine_similarity(h0, h1, dim=-1).permute(1, 2, 0)
@@ -129,4 +138,5 @@ def record(model: RiverModel, prompts: list[list[int]], s: Settings, tick: Calla
         parts.append([cos, cosm, kl, agree, ent, idx])
         tick(len(batch))
     cat = [torch.cat([p[j] for p in parts]).reshape(-1, *parts[0][j].shape[2:]).numpy() for j in range(6)]
-    return Trace(*cat[:5], prompt_of=cat[5]), {"massive": massive, "ref": ref}
+    gate = {k: torch.cat(v).numpy().astype(np.float64) for k, v in gate.items()}
+    return Trace(*cat[:5], prompt_of=cat[5]), {"massive": massive, "ref": ref, "gate": gate}

@@ -57,11 +57,12 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     texts = s.prompts or default_prompts()
     random.Random(s.seed).shuffle(texts := list(texts))
     prompts = [tok.chat(t) for t in texts[: s.n_prompts]]
-    summary = calibrate(model, prompts, target, s, progress)
+    rec: dict = {}
+    summary = calibrate(model, prompts, target, s, progress, keep=rec)
     summary["source"] = label = label or src.name
-    # the gated mode's gate, on the same prompts and target (a depth target: the default KL)
+    # the gated mode's gate, from the same recordings and split (a depth target: the default KL)
     progress("fitting the gated mode's gate", 0, 1)
-    gate = gate_report(model, prompts, gate_target(target), s)
+    gate = gate_report(model, *((rec[h]["gate"], rec[h]["ref"]) for h in ("fit", "test")), gate_target(target), s)
     summary["gate"] = gate_compact(gate)
     progress("fitting the gated mode's gate", 1, 1)
     set_river_keys(src, dst, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],

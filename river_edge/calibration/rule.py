@@ -134,8 +134,10 @@ def signal_quality(tr: Trace) -> dict:
 # -- the whole calibration -----------------------------------------------------------------------------
 
 def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Settings,
-              progress: Callable[[str, int, int], None] = lambda what, done, total: None) -> dict:
-    """Fit on the first half of the prompts, report on the second. Returns the fit summary."""
+              progress: Callable[[str, int, int], None] = lambda what, done, total: None,
+              keep: dict | None = None) -> dict:
+    """Fit on half of the prompts (shuffled), report on the other half. Returns the fit summary; `keep` (a dict)
+    receives the recordings of both halves ("fit", "test": record()'s aux) for the gate's fit."""
     if len(prompts) < 2:
         raise RiverError("calibration needs at least 2 prompts")
     if model.river is None:
@@ -158,6 +160,8 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
     progress("recording signals (fit prompts)", 0, total)  # the first tick comes only after a whole batch
     tr_fit, aux = record(model, fit_p, s, tick("recording signals (fit prompts)"))
     tr_test, aux_test = record(model, test_p, s, tick("recording signals (test prompts)"), massive=aux["massive"])
+    if keep is not None:
+        keep.update(fit=aux, test=aux_test)
 
     # Fit on clean figures, then tighten until the rule meets the target online on the fit prompts.
     inflation, chosen, measured = 1.0, None, None

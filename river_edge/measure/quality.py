@@ -8,6 +8,7 @@ first. Configurations:
   backbone        the river GGUF with the river off (the reference distribution)
   q4_0 ... q8_0   plain quantization of the base model (files beside the river GGUF)
   river           the paper's rule at the GGUF's calibrated thresholds
+  river:lagged    the same rule decided on the previous token's scores (no sync inside a step)
   tau=X           the rule with one threshold X for every layer (the paper's knob)
   random          per token, an exit layer drawn from `river`'s own exit histogram: the same depth
                   distribution, chosen blind
@@ -36,7 +37,7 @@ from river_edge.format import RiverError
 
 PLAIN = ("q4_0", "q4_1", "q5_1", "q8_0")
 GATE_RATES = (0.1, 0.25, 0.5)
-DEFAULT_CONFIGS = ("backbone", *PLAIN, "river", "random", "fast", "gated", "gated-random")
+DEFAULT_CONFIGS = ("backbone", *PLAIN, "river", "river:lagged", "random", "fast", "gated", "gated-random")
 Progress = Callable[[str, int, int], None]
 
 
@@ -193,9 +194,11 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
             sc = teacher_force(m, plain_step, ref)
             m.close()
             extra = {"file_mib": files[c].stat().st_size / 2**20}
-        elif c == "river" or c.startswith("tau="):
-            rule(llm, gguf_tau if c == "river" else [float(c[4:])] * L)
+        elif c in ("river", "river:lagged") or c.startswith("tau="):
+            llm.decide = "lagged" if c == "river:lagged" else "sync"
+            rule(llm, gguf_tau if c.startswith("river") else [float(c[4:])] * L)
             sc = teacher_force(llm, plain_step, ref)
+            llm.decide = "sync"
             h = llm.exit_histogram()
             extra = _depth(h, L)
             if c == "river":
