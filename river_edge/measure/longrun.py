@@ -15,7 +15,6 @@ float64 from the mode's logits and the backbone's stored log-probs.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -155,36 +154,10 @@ def kl_along_sequence(river_path, modes: Sequence[str] = ("river", "fast"), *, p
         llm.close()
 
 
-def _batch_context(llm, n_seq: int, n_ctx: int, n_batch: int):
-    """A second llama_context on llm's model for n_seq sequences: llm's own parameters (threads, flash
-    attention, K/V types) so that batch and alone differ only in the batching, and llm's river settings
-    (thresholds, min exit layer, head), with the rule deciding."""
-    import llama_cpp
-    from llama_cpp._internals import LlamaContext
-
-    from river_edge.format import EXIT_RULE
-    from river_edge.tokenizer import quiet_llama_logs
-
-    p = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
-    p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = n_ctx, n_batch, n_batch, n_seq, True
-    with quiet_llama_logs():
-        ctx = LlamaContext(model=llm._model, params=p, verbose=False)
-    lib, c = llm._river, ctx.ctx
-    tau = llm.thresholds
-    lib.llama_river_set_thresholds(c, (ctypes.c_float * len(tau))(*tau), len(tau))
-    lib.llama_river_set_min_exit_layer(c, llm.min_exit_layer)
-    if llm.has_river_head:
-        lib.llama_river_set_head(c, llm.river_head)
-    lib.llama_river_set_enabled(c, True)
-    lib.llama_river_set_forced_exit(c, EXIT_RULE)
-    return ctx
-
-
 def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, threads: int = 2, window: int = 64,
                 thresholds: float | Sequence[float] | None = None, progress: Progress | None = None) -> dict:
     """The river rule on len(prompts) sequences decoded together (one llama_batch per step, one token per
     sequence) vs each alone, both teacher-forced on each prompt's greedy backbone continuation."""
-    import llama_cpp
     from llama_cpp._internals import LlamaBatch
 
     from river_edge.tokenizer import Tokenizer
@@ -196,7 +169,7 @@ def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, thre
     llm = _open(river_path, longest + n_tokens + 8, threads, thresholds)
     ctx = batch = None
     try:
-        L, V = llm.n_layer, llm.n_vocab()
+        L = llm.n_layer
         refs, toks, seqs = [], [], []
         for s, p in enumerate(ids):
             t, r, eos = _backbone(llm, p, n_tokens, say, f"backbone text {s}")
@@ -208,14 +181,13 @@ def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, thre
                                        seconds=sec)})
 
         nb = max(longest, n_seq)
-        ctx = _batch_context(llm, n_seq, n_seq * (longest + n_tokens) + 64, nb)
-        lib, c = llm._river, ctx.ctx
+        ctx = llm.batch_context(n_seq, n_seq * (longest + n_tokens) + 64, nb)
         batch = LlamaBatch(n_tokens=nb, embd=0, n_seq_max=1, verbose=False)
         for s, p in enumerate(ids):  # prefill: one llama_decode (one ubatch, one rule decision) each, as alone
             batch.reset()
             batch.add_sequence(p, s, False)
             ctx.decode(batch)
-        lib.llama_river_reset_stats(c)
+        ctx.reset_stats()
         kl = [[] for _ in ids]
         agree = [[] for _ in ids]
         exits, t0 = [], time.perf_counter()
@@ -226,17 +198,16 @@ def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, thre
                 b.token[s], b.pos[s], b.n_seq_id[s], b.logits[s] = toks[s][i], len(ids[s]) + i, 1, True
                 b.seq_id[s][0] = s
             ctx.decode(batch)
-            exits.append(int(lib.llama_river_last_exit(c)))
+            exits.append(ctx.last_exit)
             for s in range(n_seq):
-                row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(c, s), shape=(V,))
+                row = ctx.logits(s)
                 k, a = refs[s].score(i, row)
                 kl[s].append(k)
                 agree[s].append(a)
             if i % 64 == 0:
                 say("batch", i, n_tokens)
         sec = time.perf_counter() - t0
-        hist = (ctypes.c_int64 * (L + 1))()
-        lib.llama_river_get_histogram(c, hist, L + 1)
+        hist = ctx.exit_histogram()
         for s in range(n_seq):
             seqs[s]["batch"] = _summary(kl[s], agree[s], window)
 
@@ -246,7 +217,7 @@ def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, thre
                 "host": host(threads),
                 "n_seq": n_seq, "window": window, "ref_dtype": str(refs[0].rows.dtype),
                 "thresholds": None if thresholds is None else llm.thresholds,
-                "sequences": seqs, "batch_exits": exits, "batch_hist": list(hist), "batch_seconds": sec,
+                "sequences": seqs, "batch_exits": exits, "batch_hist": hist.tolist(), "batch_seconds": sec,
                 "batch_mean_depth": float(np.mean(exits)) + 1.0,
                 "alone_mean_depth": float(np.mean([q["alone"]["mean_depth"] for q in seqs])),
                 "batch_kl_mean": pooled("kl", "batch"), "alone_kl_mean": pooled("kl", "alone"),

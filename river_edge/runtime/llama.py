@@ -16,6 +16,7 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.runtime.context import RiverContext, _histogram
 
 
 _c = ctypes
@@ -339,6 +340,28 @@ class RiverLlama(llama_cpp.Llama):
             raise RiverError(f"{self.model_path}: has no river LM head (river.output.weight); rebuild with `river build`")
         self._sync_cache()
 
+    def batch_context(self, n_seq: int, n_ctx: int, n_batch: int):
+        """A second llama_context on this model for n_seq sequences in one KV cache: this one's parameters
+        (threads, flash attention, K/V types) and river settings (thresholds, min exit layer, head, decision),
+        with the rule deciding; for measuring batched decoding beside this context's own."""
+        from llama_cpp._internals import LlamaContext
+
+        from river_edge.tokenizer import quiet_llama_logs
+
+        lib, _ = self._need_river()
+        p = llama_cpp.llama_context_params.from_buffer_copy(self.context_params)
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = n_ctx, n_batch, n_batch, n_seq, True
+        with quiet_llama_logs():
+            ctx = LlamaContext(model=self._model, params=p, verbose=False)
+        c, tau = ctx.ctx, self.thresholds
+        lib.llama_river_set_thresholds(c, (ctypes.c_float * len(tau))(*tau), len(tau))
+        lib.llama_river_set_min_exit_layer(c, self.min_exit_layer)
+        if self.has_river_head:
+            lib.llama_river_set_head(c, self.river_head)
+        lib.llama_river_set_enabled(c, True)
+        lib.llama_river_set_forced_exit(c, F.EXIT_LAGGED if self._decide == "lagged" else F.EXIT_RULE)
+        return RiverContext(ctx, lib, self.n_layer)
+
     # -- telemetry -----------------------------------------------------------------------------
     @property
     def last_exit(self) -> int | None:
@@ -349,10 +372,7 @@ class RiverLlama(llama_cpp.Llama):
 
     def exit_histogram(self) -> np.ndarray:
         """counts[e + 1]: ubatches that exited after layer e, e = -1..n_layer-1."""
-        lib, ctx = self._need_river()
-        buf = (ctypes.c_int64 * (self.n_layer + 1))()
-        lib.llama_river_get_histogram(ctx, buf, self.n_layer + 1)
-        return np.array(buf, dtype=np.int64)
+        return _histogram(*self._need_river(), self.n_layer)
 
     def last_scores(self) -> np.ndarray:
         """s_l of the last ubatch (min over its tokens) for the layers tested, NaN elsewhere."""
