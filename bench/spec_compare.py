@@ -28,6 +28,8 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
+from river_edge.measure.harness import rotation
+
 HERE = Path(__file__).resolve().parent
 PROMPTS = [
     "def quicksort(arr):\n    \"\"\"Sort a list of integers in place.\"\"\"\n",
@@ -134,7 +136,7 @@ def main(argv=None) -> int:
     rows, same = [], {c: [] for c in configs}
     for r in range(a.rounds):
         p = prompts[r % len(prompts)]
-        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        order = rotation(configs, r)
         res = {c: gen(models[c], p, a.tokens) for c in order}
         for c in configs:
             same[c].append(res[c][0] == res["backbone"][0])

@@ -45,6 +45,7 @@ from river_edge import format as F
 from river_edge.measure import files as BF
 from river_edge.measure.files import Progress, _quiet, packaged_prompts, prepare_files, weights_note
 from river_edge.format import RiverError
+from river_edge.measure.harness import alternate
 from river_edge.measure.plots import river_vs_ideal_from_medians
 from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
 
@@ -227,29 +228,22 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
         _prefill(models[c.file], c, pre)
         say("warming up", i + 1, len(cfgs))
 
-    dec = {c.name: [] for c in cfgs}   # per (round, prompt), same order in every configuration
     pf = {c.name: [] for c in cfgs}
-    total = rounds * (len(chats) + 1) * len(cfgs)
-    done = 0
-    t_start = time.time()
-    for r in range(rounds):
-        order = cfgs[r % len(cfgs):] + cfgs[: r % len(cfgs)]
-        for p in chats:
-            for c in order:
-                dec[c.name].append(_decode(models[c.file], c, p, tokens))
-                done += 1
-                say(f"round {r + 1}/{rounds}: decode", done, total)
+
+    def prefill(order):   # after each round's decodes, in the same order
         for c in order:
-            for _ in range(prefill_reps):
-                pf[c.name].append(_prefill(models[c.file], c, pre))
-            done += 1
-            say(f"round {r + 1}/{rounds}: prefill", done, total)
+            pf[c.name] += [_prefill(models[c.file], c, pre) for _ in range(prefill_reps)]
+
+    t_start = time.time()
+    rows = alternate(cfgs, chats, lambda c, p: _decode(models[c.file], c, p, tokens), rounds=rounds,
+                     after_round=prefill, say=say)
+    dec = {c.name: [x["results"][c] for x in rows] for c in cfgs}   # per (round, prompt), the same order in each
     elapsed = time.time() - t_start
     load_after = load_avg()
     from river_edge.measure.host import host, placement
 
     bufts = {k: placement(m) for k, m in models.items()}
-    del models
+    models.clear()   # free the models before the memory probes
 
     mem = measure_memory(files, cfgs, n_ctx, threads, chats[0], say) if memory else {}
     return _summarize(river_path, files, notes, cfgs, dec, pf, mem, dict(

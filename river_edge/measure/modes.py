@@ -27,6 +27,7 @@ import numpy as np
 from river_edge.measure import bench as B
 from river_edge.measure import files as BF
 from river_edge.measure.files import PLAIN
+from river_edge.measure.harness import alternate, bootstrap_ci, paired, within
 from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
 from river_edge import format as F
 from river_edge.format import RiverError
@@ -80,33 +81,8 @@ def _gen(llm, prompt: list[int], n: int) -> tuple[list[int], float, float]:
     return out, len(out) / (t1 - t0), t1 - t_req
 
 
-def bootstrap_ci(x, level: float = 0.95, n: int = 2000, seed: int = 0) -> list[float]:
-    """Percentile bootstrap interval of the median of x."""
-    x = np.asarray(x, dtype=float)
-    rng = np.random.default_rng(seed)
-    med = np.median(rng.choice(x, size=(n, len(x)), replace=True), axis=1)
-    return [float(np.quantile(med, (1 - level) / 2)), float(np.quantile(med, (1 + level) / 2))]
-
-
 def _common(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def _ratio_stats(rows: list[dict], c: str, key: str, inverse: bool = False) -> tuple[list[float], float, list[float]]:
-    r = [(row[key]["backbone"] / row[key][c]) if inverse else (row[key][c] / row[key]["backbone"]) for row in rows]
-    return r, float(np.median(r)), bootstrap_ci(r)
-
-
-def _settled(rows: list[dict], cfgs: list[str], ci: float) -> bool:
-    """Every configuration's decode-speed ratio known within +-ci of its median (95% bootstrap); fewer than 5
-    (round, prompt) samples say nothing about an interval."""
-    if len(rows) < 5:
-        return False
-    for c in cfgs:
-        _, m, (lo, hi) = _ratio_stats(rows, c, "tok_s")
-        if hi - m > ci * m or m - lo > ci * m:
-            return False
-    return True
 
 
 def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAULT_THREADS,
@@ -176,23 +152,16 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         decode(c, chats[0])
         say("warming up", i + 1, len(cfgs))
     load_before = load_avg()
-    rows = []                          # one per (round, prompt): {config: tok/s}, {config: common prefix}
-    stats: dict[str, list[dict]] = {c: [] for c in cfgs}
-    done, r = 0, 0
     t_start = time.time()
-    while r < rounds or (r < max_rounds and not _settled(rows, cfgs, ci)):
-        order = cfgs[r % len(cfgs):] + cfgs[: r % len(cfgs)]
-        for pi, p in enumerate(chats):
-            toks, tps, req = {}, {}, {}
-            for c in order:
-                (toks[c], tps[c], req[c]), st = decode(c, p)
-                stats[c].append(st)
-                done += 1
-                say(f"round {r + 1} (at least {rounds}, at most {max_rounds})", done,
-                    max(rounds, r + 1) * len(chats) * len(cfgs))
-            rows.append({"round": r, "prompt": pi, "tok_s": tps, "request_s": req,
-                         "common_prefix": {c: _common(toks[c], toks["backbone"]) for c in cfgs}})
-        r += 1
+    raw = alternate(cfgs, chats, decode, rounds=rounds, max_rounds=max_rounds, say=say,
+                    settled=lambda rs: within([{c: x["results"][c][0][1] for c in cfgs} for x in rs], cfgs, ci))
+    # one row per (round, prompt): {config: tok/s}, {config: request seconds}, {config: common prefix}
+    rows = [{"round": x["round"], "prompt": x["item"],
+             "tok_s": {c: x["results"][c][0][1] for c in cfgs}, "request_s": {c: x["results"][c][0][2] for c in cfgs},
+             "common_prefix": {c: _common(x["results"][c][0][0], x["results"]["backbone"][0][0]) for c in cfgs}}
+            for x in raw]
+    stats = {c: [x["results"][c][1] for x in raw] for c in cfgs}
+    r = raw[-1]["round"] + 1
     load_after = load_avg()
     mem = {}
     if memory and not offload:   # weights on other devices or hosts: this process's peak says little
@@ -202,7 +171,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     res = dict(
         kind="modes", model=BF.stem(river_path), river_gguf=str(river_path), files={k: str(v) for k, v in files.items()},
         weights=BF.weights_note(notes), notes=notes, threads=threads, tokens=tokens, rounds=r, min_rounds=rounds,
-        max_rounds=max_rounds, ci_target=ci, settled=_settled(rows, cfgs, ci), prompts=texts,
+        max_rounds=max_rounds, ci_target=ci, settled=within([x["tok_s"] for x in rows], cfgs, ci), prompts=texts,
         prompt_tokens=[len(c) for c in chats], elapsed_s=time.time() - t_start, load_before=load_before,
         load_after=load_after, cpu_count=os.cpu_count(), rows=rows, configs={},
         timing="decode: first token (from the prompt's logits, every configuration alike) to the n-th after it; "
@@ -211,8 +180,8 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         host=host(threads), buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}},
         offload=_offload_note(offload))
     for c in cfgs:
-        ratio, med, ci95 = _ratio_stats(rows, c, "tok_s")
-        _, req_med, req_ci = _ratio_stats(rows, c, "request_s", inverse=True)
+        ratio, med, ci95 = paired([x["tok_s"] for x in rows], c)
+        _, req_med, req_ci = paired([x["request_s"] for x in rows], c, inverse=True)
         same = [row["common_prefix"][c] for row in rows]
         f = files[c if c in PLAIN else "river"]
         d = {"tok_s_median": float(np.median([row["tok_s"][c] for row in rows])),
