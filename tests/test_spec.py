@@ -412,3 +412,9 @@ def test_exact_over_a_quantized_backbone_is_that_files_output(tmp_path, arch, ba
         ref.reset()
         assert _gen(ex, p) == _gen(ref, p)
     assert ex.stats()["drafted"] > 0
+
+
+def test_greedy_accept_keeps_the_agreeing_prefix():
+    from river_edge.runtime.sampling import agree
+
+    assert agree([4, 5, 6], [4, 5, 6, 7]) == 3 and agree([4, 9, 6], [4, 5, 6, 7]) == 1 and agree([], [3]) == 0

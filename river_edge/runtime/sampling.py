@@ -47,6 +47,15 @@ class Transform:
         return x
 
 
+def agree(drafts: list[int], top) -> int:
+    """The greedy accept step: how many drafts, in order, equal the verifier's argmax at their position (the
+    cycle keeps them and the verifier's own token after them)."""
+    j = 0
+    while j < len(drafts) and drafts[j] == top[j]:
+        j += 1
+    return j
+
+
 def accept(drafts: list[int], qs: list[np.ndarray], p_at, rng: np.random.Generator) -> tuple[list[int], int]:
     """Speculative sampling's accept step (Leviathan et al. 2023; gpt-fast's speculative_decode): draft j
     is kept with probability min(1, p_j[d] / q_j[d]); the first one rejected is replaced by a draw from the

@@ -68,7 +68,7 @@ from river_edge.runtime.costs import CostModel, cached, probe
 from river_edge.runtime.drafters import FREE, Ngram, NgramCache, resolve
 from river_edge.runtime.gated import gated
 from river_edge.format import RiverError
-from river_edge.runtime.sampling import Transform, accept, margin, processed_probs
+from river_edge.runtime.sampling import Transform, accept, agree, margin, processed_probs
 
 MODES = ("exact", "gated", "river", "fast", "backbone")
 GATE_KEY = F.KEY_GATE
@@ -396,9 +396,7 @@ class Spec:
                     rows = np.stack([at(i, rows[i]) for i in range(len(batch))])
                 if greedy:
                     g = rows.argmax(1)
-                    j = 0
-                    while j < len(drafts) and drafts[j] == g[j]:
-                        j += 1
+                    j = agree(drafts, g)
                     out = drafts[:j] + [int(g[j])]
                     bound = cm.ties[len(batch)] if len(batch) < len(cm.ties) else cm.tie
                     tie = next((i for i in range(j + 1) if margin(rows[i]) <= bound), None) if bound else None
