@@ -31,7 +31,7 @@ DEFAULT_BACKBONE = "f16"
 DEFAULT_RIVER = "q4_0"
 
 
-def _quiet(what: str, done: int, total: int) -> None:
+def no_progress(what: str, done: int, total: int) -> None:
     pass
 
 
@@ -51,7 +51,7 @@ def resolve_base(name_or_path: str | os.PathLike, progress: Progress | None = No
     if spec is not None and not spec.supported and not Path(name).expanduser().exists():
         raise RiverError(f"model '{name}' has architecture {spec.architecture}: river-edge builds rivers for "
                          f"{', '.join(F.ARCHITECTURES)} only")
-    say = progress or _quiet
+    say = progress or no_progress
     return zoo.resolve(name, lambda msg: say(msg, 0, 0))
 
 
@@ -71,7 +71,7 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     from .gguf_tools.writer import temp_beside
 
     src, dst = Path(src), Path(dst)
-    say = progress or _quiet
+    say = progress or no_progress
     if same_file(src, dst) or src.expanduser().resolve() == dst.expanduser().resolve():
         raise RiverError(f"{dst}: the output would overwrite the input; choose another path")
     if dst.is_dir():
@@ -136,7 +136,7 @@ def default_river(progress: Progress | None = None, model: str = zoo.DEFAULT_MOD
     path = default_river_path(model)
     if _usable(path, model):
         return path
-    say = lambda msg: (progress or _quiet)(msg, 0, 0)
+    say = lambda msg: (progress or no_progress)(msg, 0, 0)
     base = zoo.default_model(say) if model == zoo.DEFAULT_MODEL else resolve_base(model, progress)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

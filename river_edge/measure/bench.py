@@ -43,7 +43,7 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.measure import files as BF
-from river_edge.measure.files import Progress, _quiet, packaged_prompts, prepare_files, weights_note
+from river_edge.measure.files import Progress, no_progress, packaged_prompts, prepare_files, weights_note
 from river_edge.format import RiverError
 from river_edge.measure.harness import alternate
 from river_edge.measure.plots import river_vs_ideal_from_medians
@@ -174,7 +174,7 @@ def _memory_probe(arg: str) -> None:
 
 def measure_memory(files: dict, cfgs: Sequence[Config], n_ctx: int, threads: int, prompt: list[int],
                    progress: Progress | None = None) -> dict:
-    say = progress or _quiet
+    say = progress or no_progress
     main = [c for c in cfgs if not c.sweep]
     mem = {}
     for i, c in enumerate(main):
@@ -196,7 +196,7 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
     """Benchmark a river GGUF against its backbone and plain quantization; returns the result dict."""
     from river_edge.tokenizer import Tokenizer
 
-    say = progress or _quiet
+    say = progress or no_progress
     if tokens < 2:
         raise RiverError("tokens: need at least 2 decode tokens (the first step is untimed)")
     if rounds < 1 or threads < 1:

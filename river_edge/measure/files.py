@@ -16,7 +16,8 @@ Progress = Callable[[str, int, int], None]
 
 PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
 
-def _quiet(what: str, done: int, total: int) -> None:
+
+def no_progress(what: str, done: int, total: int) -> None:
     pass
 
 
@@ -79,7 +80,7 @@ def prepare_files(river_path: Path, progress: Progress | None = None,
     `shipped`, also the file the river was built from (the one a user already has), when it is in the cache."""
     from river_edge.gguf_tools.inspect import inspect_gguf
 
-    say = progress or _quiet
+    say = progress or no_progress
     river_path = Path(river_path)
     info = inspect_gguf(river_path)
     if not info["river"]:

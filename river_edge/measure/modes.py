@@ -92,7 +92,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         progress=None) -> dict:
     from river_edge.tokenizer import Tokenizer
 
-    say = progress or BF._quiet
+    say = progress or BF.no_progress
     if tokens < 2 or rounds < 1 or threads < 1:
         raise RiverError("tokens must be at least 2, rounds and threads at least 1")
     max_rounds = max(rounds, max_rounds)

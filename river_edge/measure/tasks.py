@@ -42,7 +42,7 @@ def data_dir(explicit: str | os.PathLike | None = None) -> Path:
                      "give --data-dir or set RIVER_EDGE_DATA to the folder holding gsm8k/ and math500/")
 
 
-def _jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise RiverError(f"{path}: not found (the {path.parent.name} data); check --data-dir / RIVER_EDGE_DATA")
     rows = []
@@ -68,11 +68,11 @@ def load_problems(task: str, limit: int | None = None, data: str | os.PathLike |
     if task not in TASKS:
         raise RiverError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     if task == "gsm8k":
-        rows = _jsonl(data_dir(data) / "gsm8k" / "test_dev.jsonl")
+        rows = read_jsonl(data_dir(data) / "gsm8k" / "test_dev.jsonl")
         probs = [Problem(f"gsm8k/{i}", GSM8K_PROMPT.format(question=r["question"]), gsm8k_reference(r["answer"]))
                  for i, r in enumerate(rows)]
     elif task == "math":
-        rows = _jsonl(data_dir(data) / "math500" / "dev.jsonl")
+        rows = read_jsonl(data_dir(data) / "math500" / "dev.jsonl")
         probs = [Problem(r.get("unique_id", f"math/{i}"), MATH_PROMPT.format(problem=r["problem"]),
                          r["answer"] if "answer" in r else last_boxed(r["solution"]) or "")
                  for i, r in enumerate(rows)]

@@ -10,7 +10,7 @@ import numpy as np
 from river_edge import format as F
 
 
-def _histogram(lib, ctx, n_layer: int) -> np.ndarray:
+def exit_histogram_of(lib, ctx, n_layer: int) -> np.ndarray:
     buf = (ctypes.c_int64 * (n_layer + 1))()
     lib.llama_river_get_histogram(ctx, buf, n_layer + 1)
     return np.array(buf, dtype=np.int64)
@@ -36,7 +36,7 @@ class RiverContext:
         return None if e == F.EXIT_NONE else e
 
     def exit_histogram(self) -> np.ndarray:
-        return _histogram(self._lib, self.ctx.ctx, self.n_layer)
+        return exit_histogram_of(self._lib, self.ctx.ctx, self.n_layer)
 
     def reset_stats(self) -> None:
         self._lib.llama_river_reset_stats(self.ctx.ctx)

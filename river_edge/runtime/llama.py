@@ -16,7 +16,7 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.format import RiverError
-from river_edge.runtime.context import RiverContext, _histogram
+from river_edge.runtime.context import RiverContext, exit_histogram_of
 
 
 _c = ctypes
@@ -372,7 +372,7 @@ class RiverLlama(llama_cpp.Llama):
 
     def exit_histogram(self) -> np.ndarray:
         """counts[e + 1]: ubatches that exited after layer e, e = -1..n_layer-1."""
-        return _histogram(*self._need_river(), self.n_layer)
+        return exit_histogram_of(*self._need_river(), self.n_layer)
 
     def last_scores(self) -> np.ndarray:
         """s_l of the last ubatch (min over its tokens) for the layers tested, NaN elsewhere."""
