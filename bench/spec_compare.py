@@ -21,14 +21,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
-from river_edge.measure.harness import rotation
+from river_edge.measure.harness import rotation, timed_greedy
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = [
@@ -82,18 +81,12 @@ def load(config: str, a) -> llama_cpp.Llama:
 
 
 def gen(llm, prompt: list[int], n: int) -> tuple[list[int], float]:
-    llm.reset()
-    if isinstance(getattr(llm, "draft_model", None), ModelDraft):
-        llm.draft_model.llm.reset()
-    out, t0 = [], None
-    for tok in llm.generate(prompt, temp=0.0, reset=True):
-        if t0 is None:
-            t0 = time.perf_counter()                 # the first token comes with the prompt: untimed
-        else:
-            out.append(int(tok))
-        if len(out) >= n:
-            break
-    return out, len(out) / (time.perf_counter() - t0)
+    """The harness's timer (river_edge.measure.harness.timed_greedy), a draft model's own context reset first."""
+    def reset_draft(m):
+        if isinstance(getattr(m, "draft_model", None), ModelDraft):
+            m.draft_model.llm.reset()
+    out, tok_s, _ = timed_greedy(llm, prompt, n, before=reset_draft)
+    return out, tok_s
 
 
 def probe(config: str, a) -> None:

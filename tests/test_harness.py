@@ -40,3 +40,20 @@ def test_within_needs_enough_samples_and_a_tight_interval():
     tight = [{"backbone": 1.0, "m": 2.0 + 0.001 * i} for i in range(8)]
     loose = [{"backbone": 1.0, "m": 1.0 + i} for i in range(8)]
     assert within(tight, ["m"], 0.05) and not within(tight[:4], ["m"], 0.05) and not within(loose, ["m"], 0.05)
+
+
+def test_one_grammar_for_configuration_names():
+    from river_edge.format import RiverError
+    from river_edge.measure.harness import parse_configs
+
+    tau = {"tau=": lambda x: float(x) if 0 <= float(x) <= 1 else float("x")}
+    assert parse_configs(" Exact, river ,,exact,tau=0.5", ["exact", "river"], tau) == ["exact", "river", "tau=0.5"]
+    assert parse_configs(["river"], ["river"]) == ["river"]
+    with pytest.raises(RiverError, match=r"unknown mode 'turbo': use a comma list of exact, river, tau=X"):
+        parse_configs("exact,turbo", ["exact", "river"], tau, kind="mode")
+    with pytest.raises(RiverError, match="configuration 'tau=2'"):
+        parse_configs("tau=2", [], tau)
+    with pytest.raises(RiverError, match="no configuration given"):
+        parse_configs(" , ", ["river"])
+    with pytest.raises(RiverError, match="unknown configuration 'tau='"):   # a prefix alone is no value
+        parse_configs("tau=", ["river"], tau)

@@ -29,6 +29,7 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.measure.harness import parse_configs
 from river_edge.measure.tasks import MAX_TOKENS, PROMPT_VERSION, TASKS, load_problems, score
 
 Progress = Callable[[str, int, int], None]
@@ -48,32 +49,11 @@ def _plain_types() -> tuple[str, ...]:
 
 
 def check_configs(configs: Sequence[str], has_river: bool) -> list[str]:
-    out = []
-    for c in configs:
-        c = c.strip().lower()
-        if not c:
-            continue
-        if c == "backbone" or c in _plain_types():
-            pass
-        elif c == "river" or c in MODES or c.startswith("tau="):
-            if not has_river:
-                raise RiverError(f"configuration {c!r} needs a river GGUF (this model has no river)")
-            if c.startswith("tau="):
-                try:
-                    x = float(c[4:])
-                except ValueError:
-                    raise RiverError(f"configuration {c!r}: tau must be a number") from None
-                try:
-                    F.check_threshold(x, "tau")
-                except RiverError as e:
-                    raise RiverError(f"configuration {c!r}: {e}") from None
-        else:
-            raise RiverError(f"unknown configuration {c!r}: use backbone, river, tau=X, {', '.join(MODES)} "
-                             f"or a quantization type ({', '.join(_plain_types())})")
-        out.append(c)
-    if not out:
-        raise RiverError("no configurations given")
-    return list(dict.fromkeys(out))
+    out = parse_configs(configs, ["backbone", "river", *MODES, *_plain_types()], {"tau=": lambda x: F.check_threshold(float(x), "tau")})
+    lossy = [c for c in out if c == "river" or c in MODES or c.startswith("tau=")]
+    if lossy and not has_river:
+        raise RiverError(f"configuration {lossy[0]!r} needs a river GGUF (this model has no river)")
+    return out
 
 
 def plain_path(model: Path, qtype: str, cache: Path | None = None) -> Path:

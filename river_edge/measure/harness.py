@@ -1,4 +1,5 @@
-"""What every speed measurement here shares. All configurations are loaded once and run in one process,
+"""What every speed measurement here shares: one grammar for configuration names (parse_configs), one timer
+(timed_greedy), and one runner. All configurations are loaded once and run in one process,
 alternating: each round runs every configuration on the same prompt before moving on, and the order rotates
 from round to round, so a change of machine load hits all of them alike. Ratios are paired (a configuration
 against the backbone of the same round and prompt), summarised by their median with a bootstrap interval,
@@ -6,6 +7,7 @@ and rounds are added until every interval is tight enough (or a cap is reached).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -42,6 +44,26 @@ def alternate(cfgs: Sequence, items: Sequence, run: Callable, *, rounds: int, ma
     return rows
 
 
+def timed_greedy(llm, prompt: list[int], n: int, before=None) -> tuple[list[int], float, float]:
+    """n greedy tokens after the first; (tokens, decode tok/s, request seconds). Every configuration is
+    timed from the same two points: the request (prefill included) and the first token, which every mode
+    takes from the prompt's logits (exact mode included), to the n-th token after it."""
+    llm.reset()
+    if before is not None:   # e.g. reset a draft model's own context
+        before(llm)
+    out, t0 = [], None
+    t_req = time.perf_counter()
+    for tok in llm.generate(prompt, temp=0.0, reset=True):
+        if t0 is None:
+            t0 = time.perf_counter()
+        else:
+            out.append(int(tok))
+        if len(out) >= n:
+            break
+    t1 = time.perf_counter()
+    return out, len(out) / (t1 - t0), t1 - t_req
+
+
 def bootstrap_ci(x, level: float = 0.95, n: int = 2000, seed: int = 0) -> list[float]:
     """Percentile bootstrap interval of the median of x."""
     x = np.asarray(x, dtype=float)
@@ -67,3 +89,31 @@ def within(values: Sequence[dict], cfgs: Sequence, ci: float, min_samples: int =
         if hi - m > ci * m or m - lo > ci * m:
             return False
     return True
+
+
+def parse_configs(items: str | Sequence[str], names: Sequence[str], params: dict[str, Callable[[str], object]] = {},
+                  kind: str = "configuration") -> list[str]:
+    """Configuration names, one grammar for every measurement: a comma list (or a sequence) of names, each one of
+    `names` or a parameterised one, PREFIX + VALUE for a prefix of `params` ("tau=0.9", "gated@0.25"), whose
+    function checks the value (raising RiverError or ValueError). Lower-cased; empty and repeated names dropped.
+    An unknown name or a bad value is one line naming it and what is accepted."""
+    from river_edge.format import RiverError
+
+    raw = items.split(",") if isinstance(items, str) else list(items)
+    out = []
+    for c in (str(x).strip().lower() for x in raw):
+        if not c:
+            continue
+        prefix = next((p for p in params if c.startswith(p) and c != p), None)
+        if prefix is not None:
+            try:
+                params[prefix](c[len(prefix):])
+            except (RiverError, ValueError) as e:
+                raise RiverError(f"{kind} {c!r}: {e}") from None
+        elif c not in names:
+            accepted = ", ".join([*names, *(f"{p}X" for p in params)])
+            raise RiverError(f"unknown {kind} {c!r}: use a comma list of {accepted}")
+        out.append(c)
+    if not out:
+        raise RiverError(f"no {kind} given")
+    return list(dict.fromkeys(out))

@@ -27,7 +27,7 @@ import numpy as np
 from river_edge.measure import bench as B
 from river_edge.measure import files as BF
 from river_edge.measure.files import PLAIN
-from river_edge.measure.harness import alternate, bootstrap_ci, paired, within
+from river_edge.measure.harness import alternate, bootstrap_ci, paired, parse_configs, timed_greedy, within
 from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
 from river_edge import format as F
 from river_edge.format import RiverError
@@ -43,12 +43,7 @@ QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1)
 
 
 def parse_modes(text: str) -> list[str]:
-    modes = [m.strip().lower() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in CONFIGS]
-    if bad or not modes:
-        raise RiverError(f"--mode: unknown mode {bad[0] if bad else text!r}: use a comma list of "
-                         f"{', '.join(CONFIGS)}")
-    return list(dict.fromkeys(modes))
+    return parse_configs(text, CONFIGS, kind="mode")
 
 
 def draft_for(river_path: Path, draft: str | Path | None, progress=None) -> Path:
@@ -61,24 +56,6 @@ def draft_for(river_path: Path, draft: str | Path | None, progress=None) -> Path
         if draft is None:
             raise RiverError(f"exact:draft: no default draft model for {river_path.name}; give one with --draft")
     return zoo.resolve(draft, progress)
-
-
-def _gen(llm, prompt: list[int], n: int) -> tuple[list[int], float, float]:
-    """n greedy tokens after the first; (tokens, decode tok/s, request seconds). Every configuration is
-    timed from the same two points: the request (prefill included) and the first token, which every mode
-    takes from the prompt's logits (exact mode included), to the n-th token after it."""
-    llm.reset()
-    out, t0 = [], None
-    t_req = time.perf_counter()
-    for tok in llm.generate(prompt, temp=0.0, reset=True):
-        if t0 is None:
-            t0 = time.perf_counter()
-        else:
-            out.append(int(tok))
-        if len(out) >= n:
-            break
-    t1 = time.perf_counter()
-    return out, len(out) / (t1 - t0), t1 - t_req
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -127,11 +104,11 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
 
     def decode(c, p):
         if c in PLAIN:
-            return _gen(plain[c], p, tokens), {}
+            return timed_greedy(plain[c], p, tokens), {}
         if c == "sync":
             llm.mode, llm.thresholds = "river", 1.0   # s > 1 never holds: every layer checked, none exits
             try:
-                return _gen(llm, p, tokens), {}
+                return timed_greedy(llm, p, tokens), {}
             finally:
                 llm.thresholds = tau
         mode = c.split(":")[0]
@@ -141,7 +118,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
             llm.drafter = drafter[c]
         if mode == "river":
             llm.reset_stats()
-        out = _gen(llm, p, tokens)
+        out = timed_greedy(llm, p, tokens)
         st = llm.stats()
         if mode == "river":
             st["hist"] = llm.exit_histogram().tolist()
@@ -240,7 +217,7 @@ def _memory_probe(arg: str) -> None:
             elif drafter:
                 m.drafter = DraftModel(a["draft"], m) if drafter == "draft" else drafter
         return m
-    print(json.dumps(peak_rss(load, lambda m: _gen(m, a["prompt"], 16))))
+    print(json.dumps(peak_rss(load, lambda m: timed_greedy(m, a["prompt"], 16))))
 
 
 def _telemetry(c: str, sts: list[dict], n_layer: int) -> dict:

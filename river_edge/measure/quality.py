@@ -34,11 +34,18 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.measure.harness import parse_configs
 
 PLAIN = ("q4_0", "q4_1", "q5_1", "q8_0")
 GATE_RATES = (0.1, 0.25, 0.5)
 DEFAULT_CONFIGS = ("backbone", *PLAIN, "river", "river:lagged", "random", "fast", "gated", "gated-random")
 Progress = Callable[[str, int, int], None]
+
+
+def _rate(r: float) -> float:
+    if not 0.0 < r < 1.0:
+        raise RiverError(f"a fallback rate is between 0 and 1, not {r}")
+    return r
 
 
 def held_out_texts(n: int, data=None) -> list[tuple[str, str]]:
@@ -112,13 +119,11 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
 
     say = progress or (lambda *a: None)
     river_path = Path(river_path)
-    configs = list(dict.fromkeys(["backbone", *configs]))
+    rate = lambda x: _rate(float(x))   # noqa: E731
+    configs = parse_configs(["backbone", *configs], [*DEFAULT_CONFIGS, "taus", "gates"],
+                            {"tau=": lambda x: F.check_threshold(float(x), "tau"), "gated@": rate, "gated-random@": rate})
     if "gates" in configs:
         configs = [c for c in configs if c != "gates"] + [f"{g}@{r}" for r in GATE_RATES for g in ("gated", "gated-random")]
-    bad = [c for c in configs if c not in DEFAULT_CONFIGS and c != "taus" and not c.startswith(("tau=", "gated@", "gated-random@"))]
-    if bad:
-        raise RiverError(f"unknown configuration {bad[0]!r}: use {', '.join(DEFAULT_CONFIGS)}, tau=X, taus, "
-                         "gated@R, gated-random@R or gates")
     files, notes = BF.prepare_files(river_path, say, plain=tuple(c for c in configs if c in PLAIN))
     L = notes["n_layer"]
     rng = random.Random(seed)
