@@ -6,7 +6,6 @@ import io
 import pytest
 from typer.testing import CliRunner
 
-from river_edge import zoo
 from river_edge.chat import Chat, histogram_summary, legend, load
 from river_edge.cli.main import app
 

@@ -17,7 +17,7 @@ from river_edge import format as F
 from river_edge.format import RiverError
 from . import llama, qwen2
 from .ggml_numerics import round_f16
-from .weights import Args, Weight, read_gguf
+from .weights import Args, read_gguf
 
 BLOCKS = {"llama": llama.Block, "qwen2": qwen2.Block}
 
