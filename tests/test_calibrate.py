@@ -116,7 +116,7 @@ def test_calibration_decodes_each_prompt_once(tiny_llama, tmp_path, monkeypatch)
 def test_online_gated_spans_backbone_and_all_river(model):
     """The gated mode's online check: gate 0 falls back on every token (the backbone: KL 0), gate +inf never
     (all-river with its own K/V: the all-river online figure); between them, between."""
-    from river_edge.calibration.gate import online_gated, record_gate
+    from river_edge.calibration.gate import online_gated
 
     s = T.Settings(decode_tokens=4, online_tokens=10, batch=4)
     _, aux = REC.record(model, PROMPTS, s)
@@ -126,7 +126,7 @@ def test_online_gated_spans_backbone_and_all_river(model):
     all_river = RULE.online(model, aux["ref"], lambda i, n: Policy(forced=-1), s.batch, prefill=Policy.backbone())
     assert river["fallback_rate"] == 0 and river["kl"] > 1e-3
     assert river["kl"] == pytest.approx(all_river["kl"], rel=1e-5)
-    rec, _ = record_gate(model, PROMPTS, s)
+    rec = aux["gate"]
     mid = online_gated(model, aux["ref"], float(np.median(rec["entropy"])), s.batch)
     assert 0 < mid["fallback_rate"] < 1 and 0 < mid["kl"] < river["kl"]
 

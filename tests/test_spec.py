@@ -295,15 +295,15 @@ def test_exact_512_tokens_smollm2():
 
 
 def test_gate_fit_written_and_read(tiny_llama, tmp_path):
-    from river_edge.calibration.gate import fit_gate, gate_metrics, gate_report, record_gate
+    from river_edge.calibration.gate import fit_gate, gate_metrics, gate_report
+    from river_edge.calibration.record import record
     from river_edge.calibration.target import Settings, Target
     from river_edge.gguf_tools.build import set_river_keys
     from river_edge.reference import RiverModel
 
     prompts = [[5, 77, 120, 3, 64], [9, 8, 7, 6, 5, 4, 3], [100, 101, 102], [40, 41, 42, 43, 44, 45]]
     model, st = RiverModel(tiny_llama, emulate=False), Settings(n_prompts=4, decode_tokens=8, online_tokens=8)
-    s = gate_report(model, record_gate(model, prompts[:2], st), record_gate(model, prompts[2:], st),
-                    Target("kl", 0.01), st)
+    s = gate_report(model, record(model, prompts[:2], st)[1], record(model, prompts[2:], st)[1], Target("kl", 0.01), st)
     assert s["fit"]["kl"] <= 0.01 and 0 <= s["fit"]["fallback_rate"] <= 1
     # random fallback at the gate's rate costs (1 - rate) x the all-river KL
     t = s["test"]

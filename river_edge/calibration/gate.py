@@ -15,17 +15,9 @@ import torch
 
 from ..format import RiverError
 from ..reference import Policy
-from .record import entropy, kl_div, record
+from .record import entropy, kl_div
 from .rule import spearman
 from .target import Settings, Target
-
-
-def record_gate(model, prompts: list[list[int]], s: Settings) -> tuple[dict[str, np.ndarray], dict]:
-    """Clean per-token figures of all-river over the first decode_tokens, and the backbone's reference
-    (prompt, tokens, log-probs) over online_tokens for the online check (record() computes them beside the
-    rule's signals; calibration reads them from there, recording once)."""
-    _, aux = record(model, prompts, s)
-    return aux["gate"], aux["ref"]
 
 
 def online_gated(model, ref: dict, gate: float, batch: int) -> dict:
@@ -116,11 +108,11 @@ def _scaled(target: Target, inflation: float) -> Target:
     return Target("agreement", 1 - (1 - target.value) / inflation)
 
 
-def gate_report(model, fit: tuple[dict, dict], test: tuple[dict, dict], target: Target, s: Settings) -> dict:
-    """Fit the gate on the fit prompts' recordings and report it on the test prompts' ((figures, reference) as
-    record_gate returns them). Fitted on clean figures, then checked online over online_tokens and tightened
-    (as the rule is) until it meets the target there."""
-    (fit_rec, fit_ref), (test_rec, test_ref) = fit, test
+def gate_report(model, fit: dict, test: dict, target: Target, s: Settings) -> dict:
+    """Fit the gate on the fit prompts' recordings and report it on the test prompts' (record()'s aux: the
+    all-river figures under "gate", the backbone's reference under "ref"). Fitted on clean figures, then checked
+    online over online_tokens and tightened (as the rule is) until it meets the target there."""
+    fit_rec, fit_ref, test_rec, test_ref = fit["gate"], fit["ref"], test["gate"], test["ref"]
     inflation = 1.0
     for _ in range(3):
         gate = fit_gate(fit_rec, _scaled(target, inflation))

@@ -62,7 +62,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     summary["source"] = label = label or src.name
     # the gated mode's gate, from the same recordings and split (a depth target: the default KL)
     progress("fitting the gated mode's gate", 0, 1)
-    gate = gate_report(model, *((rec[h]["gate"], rec[h]["ref"]) for h in ("fit", "test")), gate_target(target), s)
+    gate = gate_report(model, rec["fit"], rec["test"], gate_target(target), s)
     summary["gate"] = gate_compact(gate)
     progress("fitting the gated mode's gate", 1, 1)
     set_river_keys(src, dst, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],

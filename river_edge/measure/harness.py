@@ -91,14 +91,15 @@ def within(values: Sequence[dict], cfgs: Sequence, ci: float, min_samples: int =
     return True
 
 
-def parse_configs(items: str | Sequence[str], names: Sequence[str], params: dict[str, Callable[[str], object]] = {},
-                  kind: str = "configuration") -> list[str]:
+def parse_configs(items: str | Sequence[str], names: Sequence[str],
+                  params: dict[str, Callable[[str], object]] | None = None, kind: str = "configuration") -> list[str]:
     """Configuration names, one grammar for every measurement: a comma list (or a sequence) of names, each one of
     `names` or a parameterised one, PREFIX + VALUE for a prefix of `params` ("tau=0.9", "gated@0.25"), whose
     function checks the value (raising RiverError or ValueError). Lower-cased; empty and repeated names dropped.
     An unknown name or a bad value is one line naming it and what is accepted."""
     from river_edge.format import RiverError
 
+    params = params or {}
     raw = items.split(",") if isinstance(items, str) else list(items)
     out = []
     for c in (str(x).strip().lower() for x in raw):

@@ -6,14 +6,22 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+def _plt():
+    """matplotlib, imported when a figure is drawn: a measurement process that imports this module (the memory
+    probes among them) must not carry matplotlib in its baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def calibration(summary: dict, path: str | Path, title: str = "") -> Path:
+    plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, rho in summary["spearman_per_layer"].items():
         a.plot(range(len(rho)), rho, marker=".", label=name.replace("_", " "))
@@ -52,6 +60,7 @@ def river_vs_ideal_from_medians(res: dict) -> float:
 
 def runtime(res: dict, path: str | Path) -> Path:
     """`river bench`: speed against the backbone, and the forced-exit sweep against the ideal line."""
+    plt = _plt()
     # Paired quantities only (ratios to the backbone of the same round and prompt): on a shared machine the
     # absolute medians of different configurations can come from different load phases.
     rows = res["configs"]
@@ -109,6 +118,7 @@ def runtime(res: dict, path: str | Path) -> Path:
 
 def modes(res: dict, path: str | Path) -> Path:
     """`river bench --mode`: each configuration's speed and how much of its text is the backbone's."""
+    plt = _plt()
     cs = list(res["configs"])
     d = res["configs"]
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
@@ -147,6 +157,7 @@ def _rolling(x: Sequence[float], w: int) -> tuple[np.ndarray, np.ndarray]:
 def longrun(long: dict | None, batch: dict | None, path, w: int = 64) -> Path:
     """Left: KL vs position of each mode of the long run; right: each sequence of the batch run, batched
     (solid) and alone (dashed). Trailing means over w tokens."""
+    plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
     title = []
     if long:
@@ -191,6 +202,7 @@ def longrun(long: dict | None, batch: dict | None, path, w: int = 64) -> Path:
 
 
 def pareto(q: dict, modes: dict | None, path: Path) -> Path:
+    plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c, d in q["configs"].items():
         kind = "C2" if c.startswith("q") else "0.4" if c == "backbone" else "C1" if "random" in c else "C0"
@@ -212,6 +224,7 @@ def pareto(q: dict, modes: dict | None, path: Path) -> Path:
 
 
 def pareto_accuracy(evals: dict[str, dict], path: Path) -> Path:
+    plt = _plt()
     fig, axs = plt.subplots(1, len(evals), figsize=(4.5 * len(evals), 4), squeeze=False)
     for ax, (t, e) in zip(axs[0], evals.items()):
         for c, d in e["configs"].items():
@@ -229,6 +242,7 @@ def pareto_accuracy(evals: dict[str, dict], path: Path) -> Path:
 
 
 def depth_hist(q: dict, path: Path) -> Path:
+    plt = _plt()
     hs = {c: d["hist"] for c, d in q["configs"].items() if "hist" in d}
     fig, ax = plt.subplots(figsize=(7, 3.5))
     L = q["n_layer"]

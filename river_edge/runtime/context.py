@@ -19,16 +19,15 @@ def exit_histogram_of(lib, ctx, n_layer: int) -> np.ndarray:
 class RiverContext:
     """A second llama_context on a RiverLlama's model (RiverLlama.batch_context): decode, logits, telemetry."""
 
-    def __init__(self, ctx, lib, n_layer: int):
-        self.ctx, self._lib, self.n_layer = ctx, lib, n_layer
+    def __init__(self, ctx, lib, n_layer: int, n_vocab: int):
+        self.ctx, self._lib, self.n_layer, self.n_vocab = ctx, lib, n_layer, n_vocab
 
     def decode(self, batch) -> None:
         self.ctx.decode(batch)
 
     def logits(self, i: int) -> np.ndarray:
         """Logits of output row i of the last decode (a view)."""
-        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llama_cpp.llama_get_model(self.ctx.ctx)))
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx.ctx, i), shape=(n_vocab,))
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx.ctx, i), shape=(self.n_vocab,))
 
     @property
     def last_exit(self) -> int | None:
@@ -43,4 +42,3 @@ class RiverContext:
 
     def close(self) -> None:
         self.ctx.close()
-

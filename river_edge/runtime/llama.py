@@ -92,8 +92,6 @@ def _has_river_tensors(path: Path) -> bool:
     return any(t.name.startswith("river.") for t in open_gguf(path).tensors)
 
 
-
-
 class RiverLlama(llama_cpp.Llama):
     """A llama_cpp.Llama on a river GGUF (or any GGUF: without a river it is the stock model).
 
@@ -360,7 +358,7 @@ class RiverLlama(llama_cpp.Llama):
             lib.llama_river_set_head(c, self.river_head)
         lib.llama_river_set_enabled(c, True)
         lib.llama_river_set_forced_exit(c, F.EXIT_LAGGED if self._decide == "lagged" else F.EXIT_RULE)
-        return RiverContext(ctx, lib, self.n_layer)
+        return RiverContext(ctx, lib, self.n_layer, self._n_vocab)
 
     # -- telemetry -----------------------------------------------------------------------------
     @property
