@@ -90,3 +90,13 @@ LONG = {
 def test_no_module_is_long_without_a_reason():
     long = {name: n for name, f in modules().items() if (n := len(f.read_text().splitlines())) > 420}
     assert set(long) <= set(LONG), {k: v for k, v in long.items() if k not in LONG}
+
+
+def test_measurement_imports_no_matplotlib():
+    """The memory probes import the measurement modules before their baseline: matplotlib (~33 MiB) would count."""
+    import subprocess
+    import sys
+
+    code = ("import sys, river_edge.measure.modes, river_edge.measure.bench, river_edge.measure.plots; "
+            "sys.exit('matplotlib' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
