@@ -227,6 +227,17 @@ def test_forced_exit(river_path, ref, tmp_path):
         assert greedy(sw)[1].tobytes() == got.tobytes(), e
 
 
+def test_long_prefill_is_the_reference(river_path, ref):
+    """A 40-token prompt in one ubatch: more rows than one weight pass of ggml's AMX F16 kernel takes (32,
+    patches/0012), so its walk over row groups runs; every position's logits against the reference."""
+    L = ref.args.n_layer
+    prompt = [int(t) for t in np.random.default_rng(7).integers(3, ref.args.n_vocab, 40)]
+    m = river(river_path, forced_exit=L - 1)
+    m.eval(prompt)
+    want, _ = replay(ref, prompt, [Policy(forced=L - 1)], chunks=[len(prompt)])
+    assert_close(np.array(m.scores[: len(prompt)]), want)
+
+
 def test_river_head_is_used_only_when_all_river(river_path, ref, tmp_path):
     L = ref.args.n_layer
     m = river(river_path, forced_exit=-1)
