@@ -27,8 +27,10 @@ RESULTS = HERE / "results"
 MODES = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,gated,river,fast,backbone," + PLAIN
 # the 1.5B: exact mode only (no thresholds needed), each drafter, over the F16 upcast and over the shipped file
 MODES_15 = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,exact:draft,backbone," + PLAIN
-MODES_KEEP = "exact,exact:river+ngram,backbone,shipped"
-KEEP_RIVER = "q3_k"
+# exact mode over quantized backbones, flash attention on for every configuration: with it a verification row has
+# the bits of a one-token decode on CPU, so batches are exact over quantized weights too (docs/design.md, section 4)
+MODES_KEEP = "exact,backbone,shipped"
+MODES_Q8 = "exact,backbone,shipped"   # the backbone row is the Q8_0 weights one token at a time
 LONG_PROMPT = "Write a detailed, well-structured essay on the history of computing, from the abacus to modern GPUs."
 BATCH_PROMPTS = ["Explain how a bicycle works, step by step.", "Write a Python function that merges two sorted lists.",
                  "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -52,25 +54,25 @@ def step_calibration(out: Path, limit: int | None, model: str) -> dict:
 
 
 def _exact_river(model: str, backbone: str = "f16") -> Path:
-    """A river GGUF for exact mode alone (thresholds +inf: exact mode drafts on the river, never exits)."""
+    """A river GGUF for exact mode alone (thresholds +inf: exact mode drafts on the river, never exits); backbone
+    f16 (the default river GGUF), keep (the shipped file's own tensors) or q8_0, the river q4_0 in each."""
     from river_edge import zoo
     from river_edge.defaults import build_calibrated_river, default_river_path
     path = default_river_path(model)
-    if backbone == "keep":   # over the shipped file's own tensors, a lower-bit river
-        path = path.with_name(f"{model}.keep-{KEEP_RIVER}.river.gguf")
+    if backbone != "f16":
+        path = path.with_name(f"{model}.{backbone}.river.gguf")
     if not path.is_file():
-        kw = dict(backbone="keep", river=KEEP_RIVER, head="q4_k") if backbone == "keep" else {}
-        build_calibrated_river(zoo.prepare(model), path, target=None, progress=_say, **kw)
+        build_calibrated_river(zoo.prepare(model), path, target=None, progress=_say, backbone=backbone)
     return path
 
 
 def step_modes(out: Path, limit: int | None, model: str, modes: str = MODES, backbone: str | None = None,
-               max_rounds: int | None = None) -> dict:
+               max_rounds: int | None = None, flash_attn: bool = False) -> dict:
     from river_edge.measure import modes as M
     kw = dict(tokens=12, rounds=1, max_rounds=1, n_prompts=1) if limit else \
         dict(max_rounds=max_rounds) if max_rounds else {}
     path = _exact_river(model, backbone) if backbone else _river(model)
-    return M.run(path, M.parse_modes(modes), progress=_say, **kw)
+    return M.run(path, M.parse_modes(modes), progress=_say, flash_attn=flash_attn, **kw)
 
 
 def step_runtime(out: Path, limit: int | None, model: str) -> dict:
@@ -123,7 +125,11 @@ STEPS = {
     f"modes_{QWEN}": (step_modes, dict(model=QWEN, max_rounds=4)),
     # the 1.5B's rounds capped: about 5 minutes each on 2 cores
     f"modes_{QWEN15}": (step_modes, dict(model=QWEN15, modes=MODES_15, backbone="f16", max_rounds=5)),
-    f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=MODES_KEEP, backbone="keep", max_rounds=4)),
+    f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=MODES_KEEP, backbone="keep", max_rounds=4,
+                                              flash_attn=True)),
+    f"modes_{QWEN15}-q8_0": (step_modes, dict(model=QWEN15, modes=MODES_Q8, backbone="q8_0", max_rounds=4,
+                                              flash_attn=True)),
+    f"modes_{QWEN}-q8_0": (step_modes, dict(model=QWEN, modes=MODES_Q8, backbone="q8_0", max_rounds=4, flash_attn=True)),
     f"quality_{SMOL}": (step_quality, dict(model=SMOL)),
     f"quality_{QWEN}": (step_quality, dict(model=QWEN)),
     f"runtime_{SMOL}": (step_runtime, dict(model=SMOL)),

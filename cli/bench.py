@@ -47,6 +47,10 @@ def bench(
     rpc_delay: Annotated[float, typer.Option(
         "--rpc-delay", min=0.0, help="With --rpc: milliseconds added each way to every message (a forwarder on "
                                      "127.0.0.1): a network's latency on one host.")] = 0.0,
+    flash_attn: Annotated[bool, typer.Option(
+        "--flash-attn", help="With --mode: every configuration with flash attention, under which a verification "
+                             "row has the bits of a one-token decode on CPU, so exact mode speculates over "
+                             "quantized backbones too (`river build --backbone keep|q8_0`).")] = False,
     draft: Annotated[Optional[str], typer.Option(
         "--draft", show_default=False,
         help="Draft model of exact:draft (a GGUF with the same vocabulary, or a model name). Default: the zoo's "
@@ -98,7 +102,7 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         offload = {"n_gpu_layers": gpu_layers, **({"rpc_servers": ",".join(servers)} if servers else {})}
         with Bars() as bars:
             path = BF.resolve_river(model, bars)
-            res = M.run(path, modes, threads=threads, draft=draft, progress=bars,
+            res = M.run(path, modes, threads=threads, draft=draft, progress=bars, flash_attn=flash_attn,
                         offload=offload if gpu_layers or rpc else None, **kw) if modes else \
                 B.run(path, threads=threads, progress=bars, **kw)
     if rpc_delay:

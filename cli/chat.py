@@ -43,6 +43,10 @@ def chat(
         "--decide", case_sensitive=False, show_default="sync",
         help="River mode's exit decision: sync (the paper's rule, a read-back per checked layer) or lagged (the "
              "rule on the previous token's scores, no sync inside a step: for GPUs and rpc-servers).")] = None,
+    flash_attn: Annotated[bool, typer.Option(
+        "--flash-attn", help="Flash attention: with it a verification row has the bits of a one-token decode on "
+                             "CPU, so exact mode speculates over quantized backbones too (`river build --backbone "
+                             "keep|q8_0`).")] = False,
     gpu_layers: GpuLayers = 0,
     rpc: Annotated[Optional[str], typer.Option(
         "--rpc", help="host:port,... of `river rpc-server`s to offload the --gpu-layers to.")] = None,
@@ -75,6 +79,7 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
                mode=mode.value if mode is not None else None, **({"gate": gate} if gate is not None else {}),
                **({"drafter": drafter} if drafter is not None else {}),
                **({"decide": decide.value} if decide is not None else {}), n_gpu_layers=gpu_layers,
+               flash_attn=flash_attn,
                **({"rpc_servers": rpc} if rpc else {}))
     if tau is not None and not llm.has_river:
         fail(f"{path}: --tau needs a river GGUF (this one has no river)")

@@ -106,6 +106,17 @@ def test_cli_decide(tiny_llama, monkeypatch):
     assert "--decide needs river mode" in r.stderr
 
 
+def test_cli_flash_attn(tiny_llama, monkeypatch):
+    """--flash-attn reaches the context the chat runs (exact mode needs it to batch over quantized backbones)."""
+    import river_edge.chat as CH
+
+    made, real = [], CH.load
+    monkeypatch.setattr(CH, "load", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    run("chat", tiny_llama, "--mode", "exact", "--flash-attn", "-p", "hello", "-n", "3", "--temp", "0")
+    run("chat", tiny_llama, "--mode", "exact", "-p", "hello", "-n", "3", "--temp", "0")
+    assert [m.context_params.flash_attn_type for m in made[-2:]] == [1, 0]   # LLAMA_FLASH_ATTN_TYPE_ENABLED, _DISABLED
+
+
 def test_cli_pipe_and_color(tiny_llama):
     r = run("chat", tiny_llama, "-n", "4", "--tau", "0.5", "--color-depth", "--system", "x", input="hi\n/stats\n")
     assert "\x1b[" in r.stdout and "1 answers" in r.stdout

@@ -414,6 +414,34 @@ def test_exact_over_a_quantized_backbone_is_that_files_output(tmp_path, arch, ba
     assert ex.stats()["drafted"] > 0
 
 
+@pytest.mark.parametrize("backbone", ["keep", "q8_0"])
+def test_flash_attention_makes_batches_exact_over_a_quantized_backbone(tmp_path, backbone):
+    """Where ggml's AMX buffer type holds the backbone (Intel Xeon 4th gen+), flash attention gives a verification
+    row the bits of a one-token decode: the probe finds no departure at any batch size, the cost model drafts on
+    its own (no fixed k), and exact mode writes what stock llama.cpp writes from the plain file with flash
+    attention, token for token."""
+    import llama_cpp
+
+    from river_edge.gguf_tools.build import build_river
+    from river_edge.gguf_tools.convert import plain
+    from river_edge.gguf_tools.tiny import write_tiny_model
+    from river_edge.runtime.llama import tensor_buft
+
+    base = write_tiny_model(tmp_path / "base.gguf", "qwen2", n_embd=256, n_ff=512, wtype="q4_0", seed=3)
+    rv = build_river(base, tmp_path / "river.gguf", backbone=backbone)
+    ex = _llm(rv, "exact", flash_attn=True)
+    if tensor_buft(ex, "blk.0.ffn_up.weight") != "AMX":
+        pytest.skip("the backbone is not in ggml's AMX buffer type on this CPU")
+    ref_path = base if backbone == "keep" else plain(rv, tmp_path / "backbone.gguf", "backbone")
+    ref = llama_cpp.Llama(str(ref_path), n_ctx=256, seed=0, verbose=False, flash_attn=True)
+    for p in PROMPTS:
+        ref.reset()
+        assert _gen(ex, p) == _gen(ref, p)
+    st = ex.stats()
+    assert st["drafted"] > 0 and st["cost_model"]["batch_deviation"] == [0.0] * len(st["cost_model"]["batch_deviation"])
+    assert all(st["cost_model"]["usable_batch"])
+
+
 def test_greedy_accept_keeps_the_agreeing_prefix():
     from river_edge.runtime.sampling import agree
 

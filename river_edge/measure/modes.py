@@ -66,7 +66,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         tokens: int = DEFAULTS["tokens"], rounds: int = DEFAULTS["rounds"], n_prompts: int = DEFAULTS["n_prompts"],
         max_rounds: int = DEFAULTS["max_rounds"], ci: float = DEFAULTS["ci"], draft: str | Path | None = None,
         memory: bool = True, prompts: Sequence[str] | None = None, offload: dict | None = None,
-        progress=None) -> dict:
+        flash_attn: bool = False, progress=None) -> dict:
     from river_edge.tokenizer import Tokenizer
 
     say = progress or BF.no_progress
@@ -90,7 +90,8 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     from river_edge.runtime.llama import RiverLlama
 
     def load(path):
-        return RiverLlama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0, **(offload or {}))
+        return RiverLlama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, seed=0,
+                          flash_attn=flash_attn, **(offload or {}))
 
     llm = load(files["river"])
     if not llm.has_river:
@@ -144,7 +145,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     if memory and not offload:   # weights on other devices or hosts: this process's peak says little
         for i, c in enumerate(cfgs):
             say("peak memory (a fresh process per configuration)", i, len(cfgs))
-            mem[c] = _memory(files, c, n_ctx, threads, chats[0])
+            mem[c] = _memory(files, c, n_ctx, threads, chats[0], flash_attn)
     res = dict(
         kind="modes", model=BF.stem(river_path), river_gguf=str(river_path), files={k: str(v) for k, v in files.items()},
         weights=BF.weights_note(notes), notes=notes, threads=threads, tokens=tokens, rounds=r, min_rounds=rounds,
@@ -154,7 +155,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         timing="decode: first token (from the prompt's logits, every configuration alike) to the n-th after it; "
                "request: generate() called to the n-th token, prefill included",
         # the host and where ggml put each file's weights: figures from other hosts never share a table
-        host=host(threads), buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}},
+        flash_attn=flash_attn, host=host(threads), buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}},
         offload=_offload_note(offload))
     for c in cfgs:
         ratio, med, ci95 = paired([x["tok_s"] for x in rows], c)
@@ -192,11 +193,11 @@ def _sync_cost(rows: list[dict], n_checked: int) -> dict:
             "sync_us_per_layer_ci95": bootstrap_ci(per)}
 
 
-def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int]) -> dict:
+def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int], flash_attn: bool = False) -> dict:
     """Peak RSS of a fresh process that loads configuration c's file(s) and generates 16 tokens in it."""
     return in_fresh_process("river_edge.measure.modes", {
         "path": str(files[c] if c in PLAIN else files["river"]), "config": c, "draft": str(files.get("draft", "")),
-        "n_ctx": n_ctx, "threads": threads, "prompt": prompt})
+        "n_ctx": n_ctx, "threads": threads, "prompt": prompt, "flash_attn": flash_attn})
 
 
 def _memory_probe(arg: str) -> None:
@@ -208,7 +209,8 @@ def _memory_probe(arg: str) -> None:
     a = json.loads(arg)
 
     def load():
-        m = RiverLlama(a["path"], n_ctx=a["n_ctx"], n_threads=a["threads"], n_threads_batch=a["threads"], seed=0)
+        m = RiverLlama(a["path"], n_ctx=a["n_ctx"], n_threads=a["threads"], n_threads_batch=a["threads"], seed=0,
+                       flash_attn=a.get("flash_attn", False))
         mode, _, drafter = a["config"].partition(":")
         if a["config"] not in PLAIN:
             m.mode = mode

@@ -57,7 +57,8 @@ def _host(m: dict) -> str:
 
 
 def _modes(m: dict) -> list[str]:
-    out = [f"**Decoding modes, {m['model']}** (`river bench {m['model']} --mode {','.join(m['configs'])}`; {m['tokens']} greedy tokens "
+    fa = " --flash-attn" if m.get("flash_attn") else ""
+    out = [f"**Decoding modes, {m['model']}** (`river bench {m['model']} --mode {','.join(m['configs'])}{fa}`; {m['tokens']} greedy tokens "
            f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process; "
            f"{_host(m)}):", "",
            "| config | tok/s | x backbone (median, 95% CI) | request x backbone | peak MiB | runs identical to backbone | notes |",
@@ -295,7 +296,9 @@ def _vs(m: dict, c: str, ref: str) -> float | None:
     return float(np.median([r["tok_s"][c] / r["tok_s"][ref] for r in m["rows"]]))
 
 
-HEADLINE_MODELS = ((SMOL, SMOL), (QWEN, QWEN), (QWEN15, QWEN15), (f"{QWEN15}-keep", f"{QWEN15}, river over the shipped weights"))
+HEADLINE_MODELS = ((SMOL, SMOL), (QWEN, QWEN), (f"{QWEN}-q8_0", f"{QWEN}, Q8_0 + river"), (QWEN15, QWEN15),
+                   (f"{QWEN15}-q8_0", f"{QWEN15}, Q8_0 + river"), (f"{QWEN15}-keep", f"{QWEN15}, shipped weights + river"))
+BACKBONE_NAMES = {"keep": "backbone (the shipped weights)", "q8_0": "backbone (Q8_0)"}
 
 
 HEADLINE_CONFIGS = ("backbone", "exact", "exact:river+ngram", "exact:draft", *PLAIN.split(","))
@@ -315,7 +318,7 @@ def headline(out: Path) -> list[str]:
                 continue
             lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
             mem = (d.get("memory") or {}).get("peak_mib")
-            name = {"backbone": "backbone (F16 upcast)" if "keep" not in key else "backbone (shipped weights)",
+            name = {"backbone": BACKBONE_NAMES.get(key.rpartition("-")[2], "backbone (F16 upcast)"),
                     "shipped": "the shipped file"}.get(c, c)
             rows.append(f"| {label} | {name} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) | "
                         f"{_x(_vs(m, c, 'shipped'), '{:.2f}x')} | {d['identical_runs']}/{d['runs']} | "
@@ -327,7 +330,10 @@ def headline(out: Path) -> list[str]:
                  "backbone's. The offline models ship quantized and the backbone is their F16 upcast, the same values "
                  "as the shipped file, so a speed-up over the backbone is not one over the file you have: that is the "
                  "next column. Q8_0/Q4_K_M/Q4_0 are llama-quantize of the backbone. Peak memory: a fresh process "
-                 "loading the file(s) and generating.", ""]
+                 "loading the file(s) and generating. The rows *shipped weights + river* and *Q8_0 + river* are river "
+                 "GGUFs whose backbone is the shipped file's own tensors or Q8_0: every configuration there runs with "
+                 "flash attention, under which a verification row has the bits of a one-token decode on CPU, and *same "
+                 "text* compares with that backbone.", ""]
     for host, rows in by_host.items():
         out_lines += [f"*{host}:*", "",
                       "| model | config | tok/s | x backbone (95% CI) | x shipped file | same text as backbone | file MiB | peak MiB |",
@@ -385,7 +391,7 @@ def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
             lines += _runtime(r) + [f"![runtime](bench/results/runtime_{model}.png)", ""]
         if lr := _load(out, f"longrun_{model}"):
             lines += _long(lr, model) + [f"![longrun](bench/results/longrun_{model}.png)", ""]
-    for key in (QWEN15, f"{QWEN15}-keep"):
+    for key in (f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
         if modes := _load(out, f"modes_{key}"):
             lines += _modes(modes)
             P.modes(modes, out / f"modes_{key}.png")
