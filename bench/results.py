@@ -29,8 +29,8 @@ MODES = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,gated,river,fast,
 MODES_15 = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,exact:draft,backbone," + PLAIN
 # exact mode over quantized backbones, flash attention on for every configuration: with it a verification row has
 # the bits of a one-token decode on CPU, so batches are exact over quantized weights too (docs/design.md, section 4)
-MODES_KEEP = "exact,backbone,shipped"
-MODES_Q8 = "exact,backbone,shipped"   # the backbone row is the Q8_0 weights one token at a time
+# (the backbone row is those weights decoded one token at a time)
+MODES_QUANT = "exact,backbone,shipped"
 LONG_PROMPT = "Write a detailed, well-structured essay on the history of computing, from the abacus to modern GPUs."
 BATCH_PROMPTS = ["Explain how a bicycle works, step by step.", "Write a Python function that merges two sorted lists.",
                  "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -125,11 +125,11 @@ STEPS = {
     f"modes_{QWEN}": (step_modes, dict(model=QWEN, max_rounds=4)),
     # the 1.5B's rounds capped: about 5 minutes each on 2 cores
     f"modes_{QWEN15}": (step_modes, dict(model=QWEN15, modes=MODES_15, backbone="f16", max_rounds=5)),
-    f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=MODES_KEEP, backbone="keep", max_rounds=4,
+    f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=MODES_QUANT, backbone="keep", max_rounds=4,
                                               flash_attn=True)),
-    f"modes_{QWEN15}-q8_0": (step_modes, dict(model=QWEN15, modes=MODES_Q8, backbone="q8_0", max_rounds=4,
+    f"modes_{QWEN15}-q8_0": (step_modes, dict(model=QWEN15, modes=MODES_QUANT, backbone="q8_0", max_rounds=4,
                                               flash_attn=True)),
-    f"modes_{QWEN}-q8_0": (step_modes, dict(model=QWEN, modes=MODES_Q8, backbone="q8_0", max_rounds=4, flash_attn=True)),
+    f"modes_{QWEN}-q8_0": (step_modes, dict(model=QWEN, modes=MODES_QUANT, backbone="q8_0", max_rounds=4, flash_attn=True)),
     f"quality_{SMOL}": (step_quality, dict(model=SMOL)),
     f"quality_{QWEN}": (step_quality, dict(model=QWEN)),
     f"runtime_{SMOL}": (step_runtime, dict(model=SMOL)),

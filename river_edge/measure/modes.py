@@ -155,7 +155,8 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         timing="decode: first token (from the prompt's logits, every configuration alike) to the n-th after it; "
                "request: generate() called to the n-th token, prefill included",
         # the host and where ggml put each file's weights: figures from other hosts never share a table
-        flash_attn=flash_attn, host=host(threads), buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}},
+        flash_attn=flash_attn, host=host(threads),
+        buffer_types={"river": placement(llm), **{q: placement(m) for q, m in plain.items()}},
         offload=_offload_note(offload))
     for c in cfgs:
         ratio, med, ci95 = paired([x["tok_s"] for x in rows], c)
@@ -193,7 +194,7 @@ def _sync_cost(rows: list[dict], n_checked: int) -> dict:
             "sync_us_per_layer_ci95": bootstrap_ci(per)}
 
 
-def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int], flash_attn: bool = False) -> dict:
+def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int], flash_attn: bool) -> dict:
     """Peak RSS of a fresh process that loads configuration c's file(s) and generates 16 tokens in it."""
     return in_fresh_process("river_edge.measure.modes", {
         "path": str(files[c] if c in PLAIN else files["river"]), "config": c, "draft": str(files.get("draft", "")),
@@ -210,7 +211,7 @@ def _memory_probe(arg: str) -> None:
 
     def load():
         m = RiverLlama(a["path"], n_ctx=a["n_ctx"], n_threads=a["threads"], n_threads_batch=a["threads"], seed=0,
-                       flash_attn=a.get("flash_attn", False))
+                       flash_attn=a["flash_attn"])
         mode, _, drafter = a["config"].partition(":")
         if a["config"] not in PLAIN:
             m.mode = mode

@@ -296,9 +296,11 @@ def _vs(m: dict, c: str, ref: str) -> float | None:
     return float(np.median([r["tok_s"][c] / r["tok_s"][ref] for r in m["rows"]]))
 
 
-HEADLINE_MODELS = ((SMOL, SMOL), (QWEN, QWEN), (f"{QWEN}-q8_0", f"{QWEN}, Q8_0 + river"), (QWEN15, QWEN15),
-                   (f"{QWEN15}-q8_0", f"{QWEN15}, Q8_0 + river"), (f"{QWEN15}-keep", f"{QWEN15}, shipped weights + river"))
-BACKBONE_NAMES = {"keep": "backbone (the shipped weights)", "q8_0": "backbone (Q8_0)"}
+# (JSON key, label, name of its backbone row)
+F16 = "backbone (F16 upcast)"
+HEADLINE_MODELS = ((SMOL, SMOL, F16), (QWEN, QWEN, F16), (f"{QWEN}-q8_0", f"{QWEN}, Q8_0 + river", "backbone (Q8_0)"),
+                   (QWEN15, QWEN15, F16), (f"{QWEN15}-q8_0", f"{QWEN15}, Q8_0 + river", "backbone (Q8_0)"),
+                   (f"{QWEN15}-keep", f"{QWEN15}, shipped weights + river", "backbone (the shipped weights)"))
 
 
 HEADLINE_CONFIGS = ("backbone", "exact", "exact:river+ngram", "exact:draft", *PLAIN.split(","))
@@ -308,7 +310,7 @@ def headline(out: Path) -> list[str]:
     """README's first tables: exact mode against the files a user would run instead, memory beside speed; one
     table per host (ratios move a lot between hosts)."""
     by_host: dict[str, list[str]] = {}
-    for key, label in HEADLINE_MODELS:
+    for key, label, backbone in HEADLINE_MODELS:
         m = _load(out, f"modes_{key}")
         if not m:
             continue
@@ -318,8 +320,7 @@ def headline(out: Path) -> list[str]:
                 continue
             lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
             mem = (d.get("memory") or {}).get("peak_mib")
-            name = {"backbone": BACKBONE_NAMES.get(key.rpartition("-")[2], "backbone (F16 upcast)"),
-                    "shipped": "the shipped file"}.get(c, c)
+            name = {"backbone": backbone, "shipped": "the shipped file"}.get(c, c)
             rows.append(f"| {label} | {name} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) | "
                         f"{_x(_vs(m, c, 'shipped'), '{:.2f}x')} | {d['identical_runs']}/{d['runs']} | "
                         f"{d['file_mib']:.0f} | {_x(mem, '{:.0f}')} |")
