@@ -93,7 +93,8 @@ class Stats:
     extra: dict = field(default_factory=dict)
 
     def cycle(self, src: str, k: int, drafted: int, accepted: int) -> None:
-        """One exact-mode cycle: k asked of the cost model, `drafted` proposed by `src`, `accepted` kept."""
+        """One exact-mode cycle: k asked of the cost model, `drafted` proposed by `src` and judged by the backbone
+        (a settled near-tie leaves the drafts after it unjudged), `accepted` of them equal to its tokens."""
         self.cycles += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -398,6 +399,7 @@ class Spec:
                     g = rows.argmax(1)
                     j = agree(drafts, g)
                     out = drafts[:j] + [int(g[j])]
+                    agreed, judged = j, len(drafts)
                     bound = cm.ties[len(batch)] if len(batch) < len(cm.ties) else cm.tie
                     tie = next((i for i in range(j + 1) if margin(rows[i]) <= bound), None) if bound else None
                     if tie is not None:
@@ -410,16 +412,21 @@ class Spec:
                         if tf:
                             rows[tie] = at(tie, rows[tie])
                         j, out = tie, drafts[:tie] + [int(rows[tie].argmax())]
+                        # acceptance counts the drafts judged: those through the tie, the one there accepted if
+                        # the lone row agrees with it (it is emitted as the backbone's own token); the rest go unjudged
+                        judged = min(tie + 1, len(drafts))
+                        agreed = tie + (tie < len(drafts) and out[-1] == drafts[tie])
                 else:
                     out, j = accept(drafts, qs, lambda i: processed_probs(rows[i], **sp), rng)
+                    agreed, judged = j, len(drafts)
                 # -- keep the backbone cells of pending + accepted drafts
                 keep = n + 1 + j
                 llm.input_ids[n:keep] = batch[: j + 1]
                 llm.n_tokens = keep
                 self._rm(keep)
-                st.cycle(src, k, len(drafts), j)
+                st.cycle(src, k, judged, agreed)
                 A, R = self._acc.get(src, (0.0, 0.0))
-                self._acc[src] = [0.9 * A + j, 0.9 * R + (j < len(drafts))]
+                self._acc[src] = [0.9 * A + agreed, 0.9 * R + (agreed < judged)]
                 if stop is not None:
                     rows = np.array(rows[: j + 1])
                 for i, tok in enumerate(out):
