@@ -179,6 +179,23 @@ def test_modes_bench_shipped_file(river_copy, tiny_llama_base, monkeypatch):
     assert res["configs"]["shipped"]["tok_s_median"] > 0 and "shipped" in M.format_table(res)
 
 
+def test_draft_model_download_reports_through_the_bench_progress(river_copy, tiny_llama_base, monkeypatch):
+    """exact:draft's default draft model is prepared on first use: the zoo's one-line messages reach a bench's
+    (what, done, total) progress instead of failing on its signature."""
+    from river_edge.measure import modes as M
+
+    said = []
+
+    def prepare(name, progress=None):
+        progress(f"{name}: downloading")
+        return Path(tiny_llama_base)
+
+    monkeypatch.setattr(BF, "source_model", lambda info: "qwen2.5-coder-1.5b")
+    monkeypatch.setattr(BF.zoo, "prepare", prepare)
+    assert M.draft_for(river_copy, None, lambda *a: said.append(a)) == Path(tiny_llama_base)
+    assert said == [("qwen2.5-coder-0.5b: downloading", 0, 0)]
+
+
 def test_modes_bench_cli(river_copy, runner, tmp_path):
     r = runner.invoke(app, ["bench", str(river_copy), "--mode", "exact,fast", "--quick", "-o", str(tmp_path)])
     assert r.exit_code == 0, r.output

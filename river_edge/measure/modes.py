@@ -55,7 +55,7 @@ def draft_for(river_path: Path, draft: str | Path | None, progress=None) -> Path
         draft = DRAFTS.get(BF.source_model(inspect_gguf(river_path)) or "")
         if draft is None:
             raise RiverError(f"exact:draft: no default draft model for {river_path.name}; give one with --draft")
-    return zoo.resolve(draft, progress)
+    return zoo.resolve(draft, progress and (lambda msg: progress(msg, 0, 0)))   # the zoo reports one line at a time
 
 
 def _common(a: list[int], b: list[int]) -> int:
