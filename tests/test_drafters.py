@@ -100,6 +100,20 @@ def test_free_drafts_choose_longer_k():
     assert np.isclose(cm.step_s("river"), 0.3)
 
 
+def test_no_probing_where_no_acceptance_could_pay(tiny_llama):
+    """Where a draft costs more than any batch could save (drafts always accepted would still lose), exact mode
+    decodes as its backbone and does not try a draft every 16 tokens (the shipped 1.5B weights on an AMD Zen 4
+    host lost 6% to such probes); where drafting could pay, the probes go on."""
+    verify = [0] + [1e-4] * 9          # flat: real one-token timings observed later cannot undercut it
+    for draft_s, probes in ((10.0, False), (5e-5, True)):
+        ex = _llm(tiny_llama, "exact")
+        cm = CostModel(draft_s=draft_s, verify_s=list(verify), ties=[0.0] * 10)
+        ex._spec.costs = lambda tok, pos: cm
+        ex._spec._acc["river"] = [0.0, 50.0]        # a river that was never right: k = 0 at its acceptance
+        assert _gen(ex, PROMPTS[0], 60) == _gen(_llm(tiny_llama, "backbone"), PROMPTS[0], 60)
+        assert (ex.stats()["drafted"] > 0) == probes
+
+
 def test_verification_batches_that_change_the_arithmetic_are_not_chosen():
     """A batch size whose rows depart from one-token decoding by more than rounding (ggml's batched k-quant
     kernels on CPU) is never the cost model's choice, however cheap; one-token batches always are."""

@@ -74,6 +74,7 @@ MODES = ("exact", "gated", "river", "fast", "backbone")
 GATE_KEY = F.KEY_GATE
 DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
 KMAX = 8
+PROBE_IDLE = 128          # tokens between probes where no acceptance could make drafting pay
 
 
 @dataclass
@@ -337,7 +338,9 @@ class Spec:
                 k = cm.best_k(self.acceptance_of(src), self.kmax, src)
                 if k == 0 and src not in FREE:
                     self._zero_run += 1
-                    if self._zero_run >= 16:      # probe now and then: the acceptance may have changed
+                    # probe now and then: the acceptance may have changed; rarely where even drafts that are
+                    # always accepted would not pay at the measured costs (a probe there is pure loss)
+                    if self._zero_run >= (16 if cm.best_k(1.0, self.kmax, src) else PROBE_IDLE):
                         k, self._zero_run = 1, 0
                 else:
                     self._zero_run = 0
