@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from river_edge.measure.report import EVAL_CONFIGS, FULL, PLAIN, QWEN, QWEN15, SMOL, report
+from river_edge.measure.records import PLAIN, QWEN, QWEN15, SMOL
+from river_edge.measure.report import EVAL_CONFIGS, FULL, report
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

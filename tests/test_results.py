@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from river_edge.measure import headline as H
 from river_edge.measure import report as R
 
 
@@ -56,7 +57,8 @@ def _modes(cpu, configs):
     rows = [{"tok_s": {c: v * f for c, v in configs.items()}} for f in (1.0, 1.1)]
     conf = {c: {"tok_s_median": v, "ratio_median": v / configs["backbone"], "ratio_min": 0, "ratio_max": 9,
                 "ratio_ci95": [v / configs["backbone"] - 0.1, v / configs["backbone"] + 0.1], "identical_runs": 2,
-                "runs": 2, "file_mib": 100.0, "memory": {"peak_mib": 200.0}} for c, v in configs.items()}
+                "runs": 2, "file_mib": 100.0, "memory": {"peak_mib": 200.0}, "common_prefix_mean": 8.0}
+            for c, v in configs.items()}
     return {"model": "m", "threads": 2, "load_before": {"loadavg_1_5_15": [0.5, 0, 0]}, "rows": rows, "configs": conf,
             "host": {"cpu": {"model": cpu, "isa": ["avx2", "amx_tile", "sse4_2"]}}}
 
@@ -65,9 +67,27 @@ def test_headline_one_table_per_host_with_the_shipped_file_beside(tmp_path):
     (tmp_path / f"modes_{R.SMOL}.json").write_text(json.dumps(_modes("Xeon", {"backbone": 10.0, "exact": 12.0,
                                                                                  "exact:ngram": 11.0, "shipped": 30.0})))
     (tmp_path / f"modes_{R.QWEN15}.json").write_text(json.dumps(_modes("EPYC", {"backbone": 5.0, "shipped": 10.0})))
-    lines = R.headline(tmp_path)
+    lines = H.headline(tmp_path)
     assert sum(x.startswith("| model |") for x in lines) == 2              # two hosts, two tables
     assert "*host Xeon (avx2, amx_tile), 2 threads:*" in lines and "*host EPYC (avx2, amx_tile), 2 threads:*" in lines
     exact = next(x for x in lines if x.startswith(f"| {R.SMOL} | exact |"))
     assert "| 1.20x (1.10-1.30) | 0.40x | 2/2 | 100 | 200 |" in exact   # x backbone, x shipped, same, MiB, peak
     assert not any("exact:ngram" in x for x in lines)                      # the first screen keeps the main rows
+
+
+def test_runs_from_another_host_get_their_own_tables(tmp_path):
+    """bench/results/hosts/NAME/ holds another host's runs: the headline gives them a table of their own and the
+    results page a section at its end, plots beside their JSON."""
+    (tmp_path / f"modes_{R.QWEN15}.json").write_text(json.dumps(dict(_modes("Xeon", {"backbone": 5.0, "q8_0": 10.0}),
+                                                                     tokens=8, prompts=["p"], rounds=2)))
+    other = tmp_path / "hosts" / "zen4"
+    other.mkdir(parents=True)
+    (other / f"modes_{R.QWEN15}.json").write_text(json.dumps(dict(_modes("EPYC", {"backbone": 6.0, "q8_0": 7.2}),
+                                                                  tokens=8, prompts=["p"], rounds=2)))
+    lines = H.headline(tmp_path)
+    assert sum(x.startswith("| model |") for x in lines) == 2
+    epyc = lines[lines.index("*host EPYC (avx2, amx_tile), 2 threads:*"):]
+    assert next(x for x in epyc if x.startswith(f"| {R.QWEN15} | q8_0 |")).startswith(f"| {R.QWEN15} | q8_0 | 7.2 | 1.20x")
+    text = R.report(tmp_path, None)
+    assert text.index("Other hosts: zen4") > text.index("host Xeon") and "host EPYC" in text.split("Other hosts")[1]
+    assert (other / f"modes_{R.QWEN15}.png").is_file()

@@ -1,28 +1,17 @@
 """The results pages, written from the benchmark JSON alone (bench/results.py runs the measurements): the
-generated section of docs/results.md and the README's headline table, one table per host, and their plots."""
+generated section of docs/results.md, its plots, and the README's headline (headline.py), one table per host."""
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
 
-import numpy as np
-
 from . import plots as P
+from .headline import HEADLINE, headline, other_hosts
+from .records import QWEN, QWEN15, SMOL, dash, host_line, load
 
-SMOL, QWEN, QWEN15 = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
-PLAIN = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
-
-
-def _load(out: Path, name: str) -> dict | None:
-    p = out / f"{name}.json"
-    return json.loads(p.read_text()) if p.is_file() else None
-
-
-def _x(v, f="{:.2f}"):
-    return "-" if v is None else f.format(v)
 
 
 def _calibration(c: dict, model: str) -> list[str]:
@@ -46,21 +35,11 @@ def _calibration(c: dict, model: str) -> list[str]:
     return out + [""]
 
 
-def _host(m: dict) -> str:
-    """The host line every speed table carries: figures from other hosts never share a table."""
-    cpu = (m.get("host") or {}).get("cpu") or {}
-    isa = [x for x in cpu.get("isa", []) if x in ("avx2", "avx512f", "amx_tile", "neon")]
-    bt = sorted({b for f in (m.get("buffer_types") or {}).values() for kinds in f.values() for b in kinds})
-    return (f"host {cpu.get('model', 'not recorded')}" + (f" ({', '.join(isa)})" if isa else "") +
-            f", {m['threads']} threads, load {m['load_before']['loadavg_1_5_15'][0]}" +
-            (f", weights in {'/'.join(bt)} buffers" if bt else ""))
-
-
 def _modes(m: dict) -> list[str]:
     fa = " --flash-attn" if m.get("flash_attn") else ""
     out = [f"**Decoding modes, {m['model']}** (`river bench {m['model']} --mode {','.join(m['configs'])}{fa}`; {m['tokens']} greedy tokens "
            f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process; "
-           f"{_host(m)}):", "",
+           f"{host_line(m)}):", "",
            "| config | tok/s | x backbone (median, 95% CI) | request x backbone | peak MiB | runs identical to backbone | notes |",
            "|---|---|---|---|---|---|---|"]
     from river_edge.measure.modes import note
@@ -68,7 +47,7 @@ def _modes(m: dict) -> list[str]:
         lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
         mem = (d.get("memory") or {}).get("peak_mib")
         out.append(f"| {c} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f} ({lo:.2f}-{hi:.2f}) | "
-                   f"{_x(d.get('request_ratio_median'))} | {_x(mem, '{:.0f}')} | {d['identical_runs']}/{d['runs']} | {note(c, d, m)} |")
+                   f"{dash(d.get('request_ratio_median'))} | {dash(mem, '{:.0f}')} | {d['identical_runs']}/{d['runs']} | {note(c, d, m)} |")
     ex = m["configs"].get("exact", {}).get("cost_model")
     if ex:
         v = ex["verify_ms_used"]
@@ -187,7 +166,7 @@ def _spec_compare(s: dict) -> list[str]:
            "| config | tok/s | x backbone | rounds identical | peak MiB |", "|---|---|---|---|---|"]
     for c in s["ratio_median"]:
         out.append(f"| {c} | {s['tok_s_median'][c]:.1f} | {s['ratio_median'][c]:.2f} | {s['identical_rounds'][c]}/"
-                   f"{s['rounds']} | {_x(s['peak_mib'].get(c), '{:.0f}')} |")
+                   f"{s['rounds']} | {dash(s['peak_mib'].get(c), '{:.0f}')} |")
     fm = s["file_mib"]
     out += ["", f"Files: backbone {fm['backbone']:.0f} MiB; river GGUF (backbone + river + head) {fm['river']:.0f} MiB; "
             f"draft model {fm['draft']:.0f} MiB (loaded beside the backbone)."]
@@ -218,7 +197,7 @@ def _long(lr: dict, model: str) -> list[str]:
 
 def _runtime(r: dict) -> list[str]:
     c = r["configs"]
-    pk = lambda k: _x((c[k].get("memory") or {}).get("peak_mib"), "{:.0f}")  # noqa: E731
+    pk = lambda k: dash((c[k].get("memory") or {}).get("peak_mib"), "{:.0f}")  # noqa: E731
     return [f"Runtime benchmark, {r['model']} (`river bench {r['model']}`): backbone {c['backbone']['decode_tps']:.1f} "
             f"tok/s; calibrated rule {c['river']['decode_ratio']:.2f}x at {c['river']['mean_depth']:.1f} layers; all-river "
             f"{c['all-river']['decode_ratio']:.2f}x with the backbone's head"
@@ -255,17 +234,17 @@ def _headline(out: Path) -> list[str]:
     """The few numbers a reader needs first, from the same JSON as the tables below."""
     h = []
     for model in (SMOL, QWEN):
-        m = _load(out, f"modes_{model}")
+        m = load(out, f"modes_{model}")
         if m and "exact" in m["configs"]:
             e = m["configs"]["exact"]
             h.append(f"- Exact mode, {model}: {e['ratio_median']:.2f}x the backbone's decode speed (median), output "
                      f"identical in {e['identical_runs']}/{e['runs']} runs.")
-    if s := _load(out, f"spec_compare_{QWEN15}"):
+    if s := load(out, f"spec_compare_{QWEN15}"):
         r = s["ratio_median"]
         h.append(f"- Exact mode, {QWEN15}: {r.get('exact', 0):.2f}x, against llama-cpp-python's prompt lookup "
                  f"{r.get('prompt-lookup', 0):.2f}x and a separate 0.5B draft model {r.get('draft-model', 0):.2f}x.")
     for model in (SMOL, QWEN):
-        q = _load(out, f"quality_{model}")
+        q = load(out, f"quality_{model}")
         if not q:
             continue
         c = q["configs"]
@@ -278,7 +257,7 @@ def _headline(out: Path) -> list[str]:
             h.append(f"- The paper's rule, {model}: KL {c['river']['kl']:.3f} at {c['river']['mean_depth']:.1f} of "
                      f"{q['n_layer']} layers ({c['river']['speed_ratio']:.2f}x), random exits at the same depths {c['random']['kl']:.3f}; plain Q8_0 "
                      f"{c['q8_0']['kl']:.4f} at {c['q8_0']['speed_ratio']:.2f}x." if "q8_0" in c else "")
-    evals = {t: e for t in FULL if (e := _load(out, f"eval_{QWEN}_{t}"))}
+    evals = {t: e for t in FULL if (e := load(out, f"eval_{QWEN}_{t}"))}
     if evals:
         parts = []
         for t, e in evals.items():
@@ -288,62 +267,6 @@ def _headline(out: Path) -> list[str]:
         h.append(f"- Accuracy, {QWEN}, exact mode against the backbone, problem by problem: " + "; ".join(parts) + ".")
     return (["**In short:**", ""] + [x for x in h if x] + [""]) if h else []
 
-
-def _vs(m: dict, c: str, ref: str) -> float | None:
-    """Median over (round, prompt) of config c's tok/s over ref's in the same round and prompt."""
-    if ref not in m["configs"]:
-        return None
-    return float(np.median([r["tok_s"][c] / r["tok_s"][ref] for r in m["rows"]]))
-
-
-# (JSON key, label, name of its backbone row)
-F16 = "backbone (F16 upcast)"
-HEADLINE_MODELS = ((SMOL, SMOL, F16), (QWEN, QWEN, F16), (f"{QWEN}-q8_0", f"{QWEN}, Q8_0 + river", "backbone (Q8_0)"),
-                   (QWEN15, QWEN15, F16), (f"{QWEN15}-q8_0", f"{QWEN15}, Q8_0 + river", "backbone (Q8_0)"),
-                   (f"{QWEN15}-keep", f"{QWEN15}, shipped weights + river", "backbone (the shipped weights)"))
-
-
-HEADLINE_CONFIGS = ("backbone", "exact", "exact:river+ngram", "exact:draft", *PLAIN.split(","))
-
-
-def headline(out: Path) -> list[str]:
-    """README's first tables: exact mode against the files a user would run instead, memory beside speed; one
-    table per host (ratios move a lot between hosts)."""
-    by_host: dict[str, list[str]] = {}
-    for key, label, backbone in HEADLINE_MODELS:
-        m = _load(out, f"modes_{key}")
-        if not m:
-            continue
-        rows = by_host.setdefault(_host(m).split(", load")[0], [])
-        for c, d in m["configs"].items():
-            if c not in HEADLINE_CONFIGS:
-                continue
-            lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
-            mem = (d.get("memory") or {}).get("peak_mib")
-            name = {"backbone": backbone, "shipped": "the shipped file"}.get(c, c)
-            rows.append(f"| {label} | {name} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) | "
-                        f"{_x(_vs(m, c, 'shipped'), '{:.2f}x')} | {d['identical_runs']}/{d['runs']} | "
-                        f"{d['file_mib']:.0f} | {_x(mem, '{:.0f}')} |")
-    if not by_host:
-        return []
-    out_lines = ["Greedy decoding; every configuration alternates in one process on the same chat prompts; median over "
-                 "rounds and prompts with a bootstrap 95% interval. *Same text*: runs whose every token equals the "
-                 "backbone's. The offline models ship quantized and the backbone is their F16 upcast, the same values "
-                 "as the shipped file, so a speed-up over the backbone is not one over the file you have: that is the "
-                 "next column. Q8_0/Q4_K_M/Q4_0 are llama-quantize of the backbone. Peak memory: a fresh process "
-                 "loading the file(s) and generating. The rows *shipped weights + river* and *Q8_0 + river* are river "
-                 "GGUFs whose backbone is the shipped file's own tensors or Q8_0: every configuration there runs with "
-                 "flash attention, under which a verification row has the bits of a one-token decode on CPU, and *same "
-                 "text* compares with that backbone.", ""]
-    for host, rows in by_host.items():
-        out_lines += [f"*{host}:*", "",
-                      "| model | config | tok/s | x backbone (95% CI) | x shipped file | same text as backbone | file MiB | peak MiB |",
-                      "|---|---|---|---|---|---|---|---|", *rows, ""]
-    return out_lines + ["Generated by `python bench/results.py report` from `bench/results/modes_*.json`; every "
-                        "drafter, mode and figure in [docs/results.md](docs/results.md)."]
-
-
-HEADLINE = ("<!-- headline:begin (generated by `python bench/results.py report`) -->", "<!-- headline:end -->")
 
 
 def _replace_block(page: Path, markers: tuple[str, str], text: str) -> None:
@@ -370,9 +293,9 @@ def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
              "text and the plots, from `bench/results/*.json`).", ""]
     lines += _headline(out)
     for model in (SMOL, QWEN):
-        modes = _load(out, f"modes_{model}")
-        q = _load(out, f"quality_{model}")
-        if c := _load(out, f"calibration_{model}"):
+        modes = load(out, f"modes_{model}")
+        q = load(out, f"quality_{model}")
+        if c := load(out, f"calibration_{model}"):
             lines += _calibration(c, model)
         if modes:
             lines += _modes(modes)
@@ -385,25 +308,34 @@ def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
             P.depth_hist(q, out / f"depth_{model}.png")
             lines += ["Where plain quantization dominates a lossy river configuration (faster and closer to the "
                       "backbone on the same text), in plain words:", ""] + _dominance(q) + ["", "Why:", ""]
-            lines += _why(q, _load(out, f"calibration_{model}"), modes, _load(out, f"longrun_{model}"),
-                          _load(out, f"runtime_{model}")) + [""]
-        if r := _load(out, f"runtime_{model}"):
+            lines += _why(q, load(out, f"calibration_{model}"), modes, load(out, f"longrun_{model}"),
+                          load(out, f"runtime_{model}")) + [""]
+        if r := load(out, f"runtime_{model}"):
             P.runtime(r, out / f"runtime_{model}.png")
             lines += _runtime(r) + [f"![runtime](bench/results/runtime_{model}.png)", ""]
-        if lr := _load(out, f"longrun_{model}"):
+        if lr := load(out, f"longrun_{model}"):
             lines += _long(lr, model) + [f"![longrun](bench/results/longrun_{model}.png)", ""]
     for key in (f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
-        if modes := _load(out, f"modes_{key}"):
+        if modes := load(out, f"modes_{key}"):
             lines += _modes(modes)
             P.modes(modes, out / f"modes_{key}.png")
             lines += [f"![modes](bench/results/modes_{key}.png)", ""]
-    evals = {t: e for t in FULL if (e := _load(out, f"eval_{QWEN}_{t}"))}
+    evals = {t: e for t in FULL if (e := load(out, f"eval_{QWEN}_{t}"))}
     if evals:
         lines += _eval(evals)
         P.pareto_accuracy(evals, out / f"pareto_accuracy_{QWEN}.png")
         lines += [f"![accuracy](bench/results/pareto_accuracy_{QWEN}.png)", ""]
-    if s := _load(out, f"spec_compare_{QWEN15}"):
+    if s := load(out, f"spec_compare_{QWEN15}"):
         lines += _spec_compare(s) + [f"![spec_compare](bench/results/spec_compare_{QWEN15}.png)", ""]
+    for folder in other_hosts(out):
+        rel = folder.relative_to(out).as_posix()
+        lines += [f"### Other hosts: {folder.name}", "", f"Measured on another host (`bench/results/{rel}/`): its "
+                  "tables stand alone, never compared with the ones above.", ""]
+        for key in (SMOL, QWEN, f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
+            if modes := load(folder, f"modes_{key}"):
+                lines += _modes(modes)
+                P.modes(modes, folder / f"modes_{key}.png")
+                lines += [f"![modes](bench/results/{rel}/modes_{key}.png)", ""]
     text = "\n".join(lines).rstrip() + "\n"
     if readme is not None:   # plots linked relative to the page they appear in
         rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
