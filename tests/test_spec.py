@@ -165,15 +165,34 @@ PENALTIES = [dict(repeat_penalty=1.3), dict(repeat_penalty=1.1, frequency_penalt
              dict(repeat_penalty=0.8, presence_penalty=-0.5)]
 
 
+def _assert_rounding_tie(model, prompt, want, got, pen):
+    """Exact mode is the backbone's text up to ties below rounding: where an F16 backbone's batch rows depart
+    from one-token decoding (ggml's CPU kernels on non-AMX hosts), K/V cells written by a verification batch carry
+    that rounding into later positions. So the first token that differs must sit on a top-2 margin of the
+    backbone's own (penalised) logits below 1e-3, with exact's token the runner-up."""
+    from river_edge.runtime.sampling import Transform
+
+    i = next(i for i, (a, b) in enumerate(zip(want, got)) if a != b)
+    m = _llm(model, "backbone", logits_all=True)
+    for t in [*prompt, *want[:i]]:
+        m.eval([t])
+    row = Transform(pen, 16)(m.scores[m.n_tokens - 1], None, want[:i])
+    top = np.argsort(row)[-2:]
+    assert set(top) == {want[i], got[i]} and row[top[1]] - row[top[0]] < 1e-3, (i, row[top[1]] - row[top[0]])
+
+
 @pytest.mark.parametrize("pen", PENALTIES)
 def test_exact_greedy_with_penalties_is_speculated_and_exact(model, pen):
     """Chat front-ends send repeat_penalty 1.1: exact mode applies the penalties row by row inside the
     speculative loop (it used to fall back to plain backbone decoding)."""
     ref, ex = _llm(model, "backbone", last_n_tokens_size=16), _llm(model, "exact", last_n_tokens_size=16)
+    ex._spec.fixed_k = 3       # drafts to verify whatever the tiny model's costs say
     changed = 0
     for p in PROMPTS[:3]:
         want = _gen(ref, p, n=96, **pen)
-        assert _gen(ex, p, n=96, **pen) == want
+        got = _gen(ex, p, n=96, **pen)
+        if got != want:
+            _assert_rounding_tie(model, p, want, got, pen)
         changed += want != _gen(ref, p, n=96)
     assert changed   # the penalties change the text somewhere: the test can fail
     s = ex.stats()
