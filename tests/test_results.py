@@ -71,7 +71,7 @@ def test_headline_one_table_per_host_with_the_shipped_file_beside(tmp_path):
     assert sum(x.startswith("| model |") for x in lines) == 2              # two hosts, two tables
     assert "*host Xeon (avx2, amx_tile), 2 threads:*" in lines and "*host EPYC (avx2, amx_tile), 2 threads:*" in lines
     exact = next(x for x in lines if x.startswith(f"| {R.SMOL} | exact |"))
-    assert "| 1.20x (1.10-1.30) | 0.40x | 2/2 | 100 | 200 |" in exact   # x backbone, x shipped, same, MiB, peak
+    assert "| 1.20x (1.10-1.30) | 0.40x | - | 2/2 | 100 | 200 |" in exact   # x backbone, shipped, Q8_0, same, MiB, peak
     assert not any("exact:ngram" in x for x in lines)                      # the first screen keeps the main rows
 
 
@@ -88,6 +88,7 @@ def test_runs_from_another_host_get_their_own_tables(tmp_path):
     assert sum(x.startswith("| model |") for x in lines) == 2
     epyc = lines[lines.index("*host EPYC (avx2, amx_tile), 2 threads:*"):]
     assert next(x for x in epyc if x.startswith(f"| {R.QWEN15} | q8_0 |")).startswith(f"| {R.QWEN15} | q8_0 | 7.2 | 1.20x")
+    assert next(x for x in epyc if x.startswith(f"| {R.QWEN15} | backbone")).split(" | ")[5] == f"{6.0 / 7.2:.2f}x"  # x Q8_0
     text = R.report(tmp_path, None)
     assert text.index("Other hosts: zen4") > text.index("host Xeon") and "host EPYC" in text.split("Other hosts")[1]
     assert (other / f"modes_{R.QWEN15}.png").is_file()

@@ -340,7 +340,7 @@ class Spec:
                     self._zero_run += 1
                     # probe now and then: the acceptance may have changed; rarely where even drafts that are
                     # always accepted would not pay at the measured costs (a probe there is pure loss)
-                    if self._zero_run >= (16 if cm.best_k(1.0, self.kmax, src) else PROBE_IDLE):
+                    if self._zero_run >= PROBE_IDLE or (self._zero_run >= 16 and cm.best_k(1.0, self.kmax, src)):
                         k, self._zero_run = 1, 0
                 else:
                     self._zero_run = 0
