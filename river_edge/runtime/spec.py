@@ -121,6 +121,8 @@ class Spec:
         self._zero_run = 0
         # tests and benchmarks: draft exactly this many (no cost model), or a callable drawing k per cycle
         self.fixed_k: int | Callable[[], int] | None = None
+        # bench/levers.py: when a list, every cycle appends (top-1 probability of each draft, judged, agreed)
+        self.draft_log: list | None = None
         self.mode = mode if mode is not None else self._mode
 
     # -- mode ------------------------------------------------------------------------------------
@@ -350,7 +352,7 @@ class Spec:
                     k = min(k, len(cands))
                 # the verification batch (k + 1 tokens) must fit the context and llama.cpp's n_batch
                 k = max(0, min(k, n_ctx - n - 1, llm.n_batch - 1))
-                drafts, qs = [], []
+                drafts, qs, conf = [], [], []
                 if k and src in FREE:           # free drafts: one-hot proposals (q = 1 on the token)
                     for d in cands[:k]:
                         drafts.append(int(d))
@@ -374,6 +376,8 @@ class Spec:
                         row = step(x, i)
                         if tf:   # the draft sees the history it would have: acceptance stays high
                             row = tf(row, [*llm.input_ids[:n + 1], *drafts], gen + drafts)
+                        if self.draft_log is not None:
+                            conf.append(float(processed_probs(row, -1.0, 0, 1.0, 0.0).max()))   # softmax of the raw logits
                         if greedy:
                             d = int(row.argmax())
                         else:
@@ -428,6 +432,8 @@ class Spec:
                 llm.n_tokens = keep
                 self._rm(keep)
                 st.cycle(src, k, judged, agreed)
+                if self.draft_log is not None:
+                    self.draft_log.append((conf, judged, agreed))
                 A, R = self._acc.get(src, (0.0, 0.0))
                 self._acc[src] = [0.9 * A + agreed, 0.9 * R + (agreed < judged)]
                 if stop is not None:
