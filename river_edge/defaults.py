@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +20,7 @@ from . import zoo
 from .calibration.report import calibrate_file
 from .calibration.target import Settings, Target
 from .format import RiverError
-
-Progress = Callable[[str, int, int], None]
+from .progress import Progress, no_progress
 
 # What `river build` fits to unless told otherwise: a quality budget, mean KL of the next-token
 # distribution against the backbone. On SmolLM2-135M with a Q4_0 river all-river costs about 0.12 and
@@ -29,10 +28,6 @@ Progress = Callable[[str, int, int], None]
 DEFAULT_TARGET = Target("kl", 0.05)
 DEFAULT_BACKBONE = "f16"
 DEFAULT_RIVER = "q4_0"
-
-
-def no_progress(what: str, done: int, total: int) -> None:
-    pass
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

@@ -43,7 +43,8 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.measure import files as BF
-from river_edge.measure.files import Progress, no_progress, packaged_prompts, prepare_files, weights_note
+from river_edge.measure.files import packaged_prompts, prepare_files, weights_note
+from river_edge.progress import Progress, no_progress
 from river_edge.format import RiverError
 from river_edge.measure.harness import alternate
 from river_edge.measure.plots import river_vs_ideal_from_medians

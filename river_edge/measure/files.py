@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from river_edge import zoo
 from river_edge.format import RiverError
-
-Progress = Callable[[str, int, int], None]
+from river_edge.progress import Progress, no_progress
 
 
 PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
-
-
-def no_progress(what: str, done: int, total: int) -> None:
-    pass
 
 
 def resolve_river(model: str | os.PathLike | None, progress: Progress | None = None) -> Path:

@@ -31,6 +31,7 @@ from river_edge.measure.harness import alternate, bootstrap_ci, paired, parse_co
 from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.progress import no_progress
 from river_edge.runtime.spec import MODES
 
 SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
@@ -69,7 +70,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         flash_attn: bool = False, progress=None) -> dict:
     from river_edge.tokenizer import Tokenizer
 
-    say = progress or BF.no_progress
+    say = progress or no_progress
     if tokens < 2 or rounds < 1 or threads < 1:
         raise RiverError("tokens must be at least 2, rounds and threads at least 1")
     max_rounds = max(rounds, max_rounds)
