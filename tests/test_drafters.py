@@ -134,3 +134,24 @@ def test_the_rounding_limit_is_on_the_departure_not_its_tie_headroom():
     cm = CostModel(draft_s=0.05, verify_s=verify, ties=[0.0, 0.0, 4 * 0.03, 4 * ROUNDING, 4 * 0.2])
     assert [cm.usable(n) for n in (1, 2, 3, 4)] == [True, True, True, False]
     assert cm.as_dict()["batch_deviation"][1] == pytest.approx(0.03)
+
+
+def test_drafting_stops_after_an_unsure_draft(tiny_llama):
+    """A cycle stops drafting after a draft whose top-1 probability is below draft_stop (it is still verified):
+    above every probability each cycle drafts one token; with no stop the cost model's k; both exact."""
+    from river_edge.runtime.sampling import top1_prob
+
+    row = np.array([2.0, 1.0, -3.0, 0.5], dtype=np.float32)
+    assert top1_prob(row) == pytest.approx(np.exp(2.0) / np.exp(row.astype(np.float64)).sum(), rel=1e-6)
+    want = _gen(_llm(tiny_llama, "backbone"), PROMPTS[0], 60)
+    lens = {}
+    for stop in (1.01, None):
+        ex = _llm(tiny_llama, "exact")
+        cm = CostModel(draft_s=5e-5, verify_s=[0] + [1e-4] * 9, ties=[0.0] * 10)   # drafting pays: k = 8
+        ex._spec.costs = lambda tok, pos, cm=cm: cm
+        ex._spec._acc["river"] = [50.0, 0.0]
+        ex._spec.draft_stop, ex._spec.draft_log = stop, []
+        assert _gen(ex, PROMPTS[0], 60) == want
+        lens[stop] = [len(conf) for conf, _, _ in ex._spec.draft_log]
+    assert {n for n in lens[1.01] if n} == {1}          # cycles at k = 0 (the acceptance fell) log no draft
+    assert max(lens[None]) > 1

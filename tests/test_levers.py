@@ -30,7 +30,9 @@ def test_replay_prices_each_policy():
     assert LV.replay(LOG, DRAFT, VERIFY, k_of) == pytest.approx(1e3 * (3 + 5 + 1) / (160 + 180 + 120))
     # the tree ceiling: every draft accepted
     assert LV.replay(LOG, DRAFT, VERIFY, lambda c: 2, rescue=True) == pytest.approx(1e3 * 9 / 420)
-    pol = LV.policies(LOG, DRAFT, VERIFY)
+    # each request's own best k: all 4 drafts where every one is accepted, 1 where the first is rejected
+    assert LV.per_request([LOG[1:2], LOG[2:]], DRAFT, VERIFY) == pytest.approx(1e3 * (5 + 1) / (180 + 120))
+    pol = LV.policies([LOG[:2], LOG[2:]], DRAFT, VERIFY)
     assert pol["backbone_tok_s"] == 10.0 and pol["fixed_k"][2] == pytest.approx(1e3 * 7 / 420)
     assert pol["best_fixed_k"] == max(pol["fixed_k"], key=pol["fixed_k"].get)
 

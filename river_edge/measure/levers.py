@@ -2,8 +2,8 @@
 
 Two measurements and one cost model:
 - a draft log from exact mode drafting kmax every cycle: per cycle the river's top-1 probability of each draft and
-  how many of them the backbone accepted. Replaying it under another draft-length policy (fixed k, stop after a
-  draft below a confidence, a tree that would rescue every rejection) prices that policy with the costs measured
+  how many of them the backbone accepted. Replaying it under another draft-length policy (fixed k, each request's
+  own best k, stop after a draft below a confidence, a tree that would rescue every rejection) prices that policy with the costs measured
   in the same process: a cycle drafting k of them yields min(accepted, k) + 1 tokens for k drafts + verify(k + 1).
 - the river's teacher-forced agreement with the backbone with some river layers skipped (those whose backbone
   twin changes the hidden state least), from the PyTorch reference: the per-token acceptance a layer-skip draft
@@ -41,15 +41,31 @@ def by_confidence(log: Sequence[Cycle], edges: Sequence[float] = EDGES) -> list[
     return out
 
 
-def replay(log: Sequence[Cycle], draft_ms: float, verify_ms: Sequence[float], k_of: Callable[[Sequence[float]], int],
-           rescue: bool = False) -> float:
-    """Tokens per second of the logged cycles drafting k_of(confidences) each (verify_ms[n - 1]: n rows).
-    rescue: every draft accepted (the ceiling of a tree that always holds the backbone's token)."""
+def _tokens_ms(log, draft_ms, verify_ms, k_of, rescue=False) -> tuple[float, float]:
     tokens = ms = 0.0
     for conf, _, n_acc in log:
         k = max(0, min(k_of(conf), len(conf), len(verify_ms) - 1))
         tokens += (k if rescue else min(n_acc, k)) + 1
         ms += k * draft_ms + verify_ms[k]
+    return tokens, ms
+
+
+def replay(log: Sequence[Cycle], draft_ms: float, verify_ms: Sequence[float], k_of: Callable[[Sequence[float]], int],
+           rescue: bool = False) -> float:
+    """Tokens per second of the logged cycles drafting k_of(confidences) each (verify_ms[n - 1]: n rows).
+    rescue: every draft accepted (the ceiling of a tree that always holds the backbone's token)."""
+    tokens, ms = _tokens_ms(log, draft_ms, verify_ms, k_of, rescue)
+    return 1e3 * tokens / ms
+
+
+def per_request(logs: Sequence[Sequence[Cycle]], draft_ms: float, verify_ms: Sequence[float]) -> float:
+    """Tokens per second with each request's own best fixed k, chosen knowing its whole log: the ceiling of
+    choosing k per request."""
+    tokens = ms = 0.0
+    for log in logs:
+        t, m = max((_tokens_ms(log, draft_ms, verify_ms, lambda c, k=k: k) for k in range(1, len(verify_ms))),
+                   key=lambda tm: tm[0] / tm[1])
+        tokens, ms = tokens + t, ms + m
     return 1e3 * tokens / ms
 
 
@@ -72,8 +88,10 @@ def iid_rate(a: float, draft_ms: float, verify_ms: Sequence[float]) -> tuple[flo
     return best
 
 
-def policies(log: Sequence[Cycle], draft_ms: float, verify_ms: Sequence[float],
+def policies(logs: Sequence[Sequence[Cycle]], draft_ms: float, verify_ms: Sequence[float],
              taus: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)) -> dict:
+    """Every policy replayed over the cycles of all requests (logs: one per request)."""
+    log = [c for lg in logs for c in lg]
     kmax = len(verify_ms) - 1
     fixed = {k: replay(log, draft_ms, verify_ms, lambda c, k=k: k) for k in range(1, kmax + 1)}
     kb = max(fixed, key=fixed.get)
@@ -82,6 +100,7 @@ def policies(log: Sequence[Cycle], draft_ms: float, verify_ms: Sequence[float],
         "fixed_k": fixed, "best_fixed_k": kb,
         "stop_below": {cap: {t: replay(log, draft_ms, verify_ms, stop_below(t, cap)) for t in taus}
                        for cap in sorted({kb, kmax})},
+        "per_request_ceiling": per_request(logs, draft_ms, verify_ms),
         "tree_ceiling": replay(log, draft_ms, verify_ms, lambda c: kb, rescue=True),
     }
 

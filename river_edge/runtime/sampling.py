@@ -77,6 +77,12 @@ def accept(drafts: list[int], qs: list[np.ndarray], p_at, rng: np.random.Generat
     return out, len(drafts)
 
 
+def top1_prob(row: np.ndarray) -> float:
+    """The softmax probability of the most likely token (float32: a draft's confidence, cheap enough per draft)."""
+    x = np.asarray(row, dtype=np.float32)
+    return float(1.0 / np.exp(x - x.max()).sum(dtype=np.float32))
+
+
 def margin(row: np.ndarray) -> float:
     """Top-1 minus top-2 logit."""
     a, b = np.partition(row, -2)[-2:]
