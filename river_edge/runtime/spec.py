@@ -52,7 +52,8 @@ draft model (`llm.drafter = "draft.gguf"`), all through this one loop, so exactn
 Choosing k: tokens per cycle E(k) = (1 - a^(k+1)) / (1 - a) for a per-token acceptance a (a decayed running
 estimate per drafter), cost(k) = k * draft_step + verify(k + 1); k = argmax E/cost over 0..kmax. The costs are
 measured on this machine on first use (per process, per model file and thread count) and kept current
-from the timings of the cycles themselves; an n-gram draft costs no model step.
+from the timings of the cycles themselves; an n-gram draft costs no model step. A cycle drafting with a model
+stops early after a draft whose top-1 probability is below DRAFT_STOP (that draft is still verified).
 """
 from __future__ import annotations
 
