@@ -105,17 +105,16 @@ def type_steps(path: Path, recipes: list[str], prompts: list[str], tokens: int, 
 
 
 def skip_agreement(path: Path, seqs: list[list[int]], tokens: int, counts: list[int]) -> dict:
-    """Teacher-forced agreement of the all-river pass (its layers in `order` skipped) with the backbone's argmax
-    on the generated positions of seqs; and the bytes of each river layer."""
+    """Per count n: teacher-forced agreement of the all-river pass with its n most similar layers skipped with the
+    backbone's argmax on the generated positions of seqs, and the share of the river's bytes it still reads."""
     import torch
     from gguf import GGUFReader
     from river_edge import format as F
     from river_edge.reference.model import Policy, RiverModel
     rm = RiverModel(path, emulate=False)
     L = rm.args.n_layer
-    pre = [[f"{F.river_tensor(i, n)}" for n in F.LAYER_WEIGHTS] for i in range(L)]
     size = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
-    layer_bytes = [sum(size.get(n, 0) for n in names) for names in pre]
+    layer_bytes = [sum(size.get(F.river_tensor(i, n), 0) for n in F.LAYER_WEIGHTS) for i in range(L)]
     river_bytes = sum(v for k, v in size.items() if k.startswith("river"))
 
     def argmax(policy, ids):

@@ -3,8 +3,8 @@
 Two measurements and one cost model:
 - a draft log from exact mode drafting kmax every cycle: per cycle the river's top-1 probability of each draft and
   how many of them the backbone accepted. Replaying it under another draft-length policy (fixed k, each request's
-  own best k, stop after a draft below a confidence, a tree that would rescue every rejection) prices that policy with the costs measured
-  in the same process: a cycle drafting k of them yields min(accepted, k) + 1 tokens for k drafts + verify(k + 1).
+  own best k, stop after a draft below a confidence, a tree that would rescue every rejection) prices that
+  policy with the costs measured in the same process: a cycle drafting k of them yields min(accepted, k) + 1 tokens for k drafts + verify(k + 1).
 - the river's teacher-forced agreement with the backbone with some river layers skipped (those whose backbone
   twin changes the hidden state least), from the PyTorch reference: the per-token acceptance a layer-skip draft
   would have, priced at the draft cost scaled by the river bytes it would still read.
@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
+
+from river_edge.runtime.costs import CostModel
 
 Cycle = tuple[Sequence[float], int, int]   # (top-1 probability of each draft, drafts judged, drafts accepted)
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0001)
@@ -80,12 +82,10 @@ def stop_below(tau: float, cap: int) -> Callable[[Sequence[float]], int]:
 
 
 def iid_rate(a: float, draft_ms: float, verify_ms: Sequence[float]) -> tuple[float, int]:
-    """(tokens per second, k) of the best k at a per-token acceptance a: E(k) = (1 - a^(k+1)) / (1 - a)."""
-    best = (0.0, 0)
-    for k in range(len(verify_ms)):
-        e = k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-        best = max(best, (1e3 * e / (k * draft_ms + verify_ms[k]), k))
-    return best
+    """(tokens per second, k) of exact mode's own choice of k (runtime/costs.py) at a per-token acceptance a."""
+    cm = CostModel(draft_s=draft_ms / 1e3, verify_s=[0.0] + [v / 1e3 for v in verify_ms])
+    k = cm.best_k(a, len(verify_ms) - 1)
+    return cm.rate(k, a), k
 
 
 def policies(logs: Sequence[Sequence[Cycle]], draft_ms: float, verify_ms: Sequence[float],
