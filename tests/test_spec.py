@@ -467,3 +467,16 @@ def test_greedy_accept_keeps_the_agreeing_prefix():
     from river_edge.runtime.sampling import agree
 
     assert agree([4, 5, 6], [4, 5, 6, 7]) == 3 and agree([4, 9, 6], [4, 5, 6, 7]) == 1 and agree([], [3]) == 0
+
+
+def test_margin_is_the_top_two_gap():
+    """The near-tie test's margin against a full sort: shared maxima, the top at either end, a given argmax."""
+    from river_edge.runtime.sampling import margin
+
+    rng = np.random.default_rng(0)
+    for row in [rng.standard_normal(1000).astype(np.float32) for _ in range(20)] + [
+            np.array([3.0, 1.0, 3.0], np.float32), np.array([5.0, 1.0, 2.0], np.float32),
+            np.array([1.0, 2.0, 5.0], np.float32), np.array([7.0], np.float32)]:
+        s = np.sort(row)
+        want = float(s[-1] - s[-2]) if len(row) > 1 else math.inf
+        assert margin(row) == want and margin(row, int(row.argmax())) == want

@@ -83,10 +83,11 @@ def top1_prob(row: np.ndarray) -> float:
     return float(1.0 / np.exp(x - x.max()).sum(dtype=np.float32))
 
 
-def margin(row: np.ndarray) -> float:
-    """Top-1 minus top-2 logit."""
-    a, b = np.partition(row, -2)[-2:]
-    return float(b - a)
+def margin(row: np.ndarray, top: int | None = None) -> float:
+    """Top-1 minus top-2 logit (0 for a shared maximum); `top`: the row's argmax when known. Two maxima of the
+    slices around the top, not np.partition: 0.03 ms instead of 1.5 over a 152k vocabulary, paid per token."""
+    i = int(row.argmax()) if top is None else int(top)
+    return float(row[i] - max(row[:i].max(initial=-np.inf), row[i + 1:].max(initial=-np.inf)))
 
 
 def entropy(logits: np.ndarray) -> float:

@@ -416,7 +416,7 @@ class Spec:
                     out = drafts[:j] + [int(g[j])]
                     agreed, judged = j, len(drafts)
                     bound = cm.ties[len(batch)] if len(batch) < len(cm.ties) else cm.tie
-                    tie = next((i for i in range(j + 1) if margin(rows[i]) <= bound), None) if bound else None
+                    tie = next((i for i in range(j + 1) if margin(rows[i], g[i]) <= bound), None) if bound else None
                     if tie is not None:
                         # a near-tie: the batch's rounding may decide it, so decode that position alone,
                         # as backbone mode does, and let that row decide (the rows before it stand)
