@@ -87,6 +87,19 @@ def finite(value: Optional[float]) -> Optional[float]:
     return value
 
 
+def rule(check):
+    """A callback applying one of format.py's rules (the loader's, validate()'s and the setters'): a bad value is a
+    usage error with the rule's message."""
+    def callback(value):
+        if value is None:
+            return None
+        try:
+            return check(value)
+        except RiverError as e:
+            raise typer.BadParameter(str(e)) from None
+    return callback
+
+
 def existing(name: str) -> str:
     """A path as given; a prepared zoo model's name stands for its file (nothing is downloaded)."""
     if not Path(name).expanduser().exists() and name in zoo.MODELS and zoo.is_prepared(name):

@@ -5,7 +5,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import CacheDir, Decide, GpuLayers, Mode, ModelArg, Threads, command, fail, finite, in_cache, model_path
+from river_edge import format as F
+
+from .app import CacheDir, Decide, GpuLayers, Mode, ModelArg, Threads, command, fail, in_cache, model_path, rule
 from .progress import Bars
 
 
@@ -15,7 +17,7 @@ from .progress import Bars
 def chat(
     model: ModelArg = None,
     tau: Annotated[Optional[float], typer.Option(
-        "--tau", min=0.0, max=1.0, callback=finite,
+        "--tau", callback=rule(lambda v: F.check_threshold(v, "tau")),
         help="One exit threshold for every layer, over the GGUF's calibrated ones.")] = None,
     no_river: Annotated[bool, typer.Option("--no-river", help="Run the backbone alone (no early exit).")] = False,
     mode: Annotated[Optional[Mode], typer.Option(
@@ -23,7 +25,7 @@ def chat(
         help="Decoding mode: exact (river drafts, backbone verifies: the backbone's output), gated "
              "(backbone where the river is unsure), river (the exit rule), fast (all river), backbone.")] = None,
     gate: Annotated[Optional[float], typer.Option(
-        "--gate", min=0.0, callback=finite, show_default="the GGUF's river.gate_entropy",
+        "--gate", callback=rule(F.check_gate), show_default="the GGUF's river.gate_entropy",
         help="Gated mode: re-decode on the backbone where the river's output entropy (nats) is at least this.")] = None,
     drafter: Annotated[Optional[str], typer.Option(
         "--drafter", show_default="river",

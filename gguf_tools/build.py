@@ -199,23 +199,16 @@ def set_river_keys(src: str | Path, dst: str | Path, *, thresholds: Sequence[flo
     if F.KEY_VERSION not in r.fields:
         raise RiverError(f"{src}: not a river GGUF (no {F.KEY_VERSION}); run river build first")
     new: dict[str, tuple] = {}
-    if thresholds is not None:
-        th = [float(x) for x in thresholds]
-        if len(th) != n_layer or any(math.isnan(x) for x in th):
-            raise RiverError(f"thresholds: need {n_layer} numbers (no NaN), got {len(th)}")
-        new[F.KEY_THRESHOLDS] = (th, V.ARRAY, V.FLOAT32)
+    if thresholds is not None:   # format.py's rules: the loader's and validate()'s
+        new[F.KEY_THRESHOLDS] = (F.check_thresholds(list(thresholds), n_layer), V.ARRAY, V.FLOAT32)
     if min_exit_layer is not None:
-        if not 0 <= int(min_exit_layer) < n_layer:
-            raise RiverError(f"min_exit_layer {min_exit_layer} out of range 0..{n_layer - 1}")
-        new[F.KEY_MIN_EXIT] = (int(min_exit_layer), V.UINT32, None)
+        new[F.KEY_MIN_EXIT] = (F.check_min_exit_layer(min_exit_layer, n_layer), V.UINT32, None)
     if calibrated is not None:
         new[F.KEY_CALIBRATED] = (bool(calibrated), V.BOOL, None)
     if fit_summary is not None:
         new[F.KEY_FIT_SUMMARY] = (str(fit_summary), V.STRING, None)
     if gate_entropy is not None:
-        if math.isnan(gate_entropy) or gate_entropy < 0:
-            raise RiverError(f"gate entropy {gate_entropy}: need a number >= 0 (+inf: never fall back)")
-        new[F.KEY_GATE] = (float(gate_entropy), V.FLOAT32, None)
+        new[F.KEY_GATE] = (F.check_gate(gate_entropy, "gate entropy"), V.FLOAT32, None)
     if gate_summary is not None:
         new[F.KEY_GATE_SUMMARY] = (str(gate_summary), V.STRING, None)
     return copy(src, dst, keys=new)

@@ -30,17 +30,27 @@ def _typed(r, key: str, *allowed: tuple[GGUFValueType, ...]):
     return value(r, key)
 
 
+# The stored types the loader reads (patches/0002: u32 version; f32 thresholds; u32 or i32 min exit layer) and
+# the gated mode (f32 gate): validate() and the runtime's gate read keys through _typed with these.
+KEY_TYPES = {
+    F.KEY_VERSION: [(GGUFValueType.UINT32,)],
+    F.KEY_THRESHOLDS: [(GGUFValueType.ARRAY, GGUFValueType.FLOAT32)],
+    F.KEY_MIN_EXIT: [(GGUFValueType.UINT32,), (GGUFValueType.INT32,)],
+    F.KEY_GATE: [(GGUFValueType.FLOAT32,)],
+}
+
+
 def _key_problems(r, n_layer: int) -> list[str]:
     """The exit keys checked by format.py's rules (the loader's and the setters' rules)."""
     out = []
     checks = (
-        (F.KEY_THRESHOLDS, [(GGUFValueType.ARRAY, GGUFValueType.FLOAT32)], lambda v, k: F.check_thresholds(v, n_layer, k)),
-        (F.KEY_MIN_EXIT, [(GGUFValueType.UINT32,), (GGUFValueType.INT32,)], lambda v, k: F.check_min_exit_layer(v, n_layer, k)),
-        (F.KEY_GATE, [(GGUFValueType.FLOAT32,)], F.check_gate),
+        (F.KEY_THRESHOLDS, lambda v, k: F.check_thresholds(v, n_layer, k)),
+        (F.KEY_MIN_EXIT, lambda v, k: F.check_min_exit_layer(v, n_layer, k)),
+        (F.KEY_GATE, F.check_gate),
     )
-    for key, types, check in checks:
+    for key, check in checks:
         try:
-            v = _typed(r, key, *types)
+            v = _typed(r, key, *KEY_TYPES[key])
             if v is not None:
                 check(v, key)
         except RiverError as e:
@@ -48,13 +58,28 @@ def _key_problems(r, n_layer: int) -> list[str]:
     return out
 
 
+def stored_gate(path: str | Path) -> float | None:
+    """The file's gated-mode gate (river.gate_entropy), checked as validate() checks it; None when absent."""
+    v = _typed(open_gguf(path), F.KEY_GATE, *KEY_TYPES[F.KEY_GATE])
+    return None if v is None else F.check_gate(v, F.KEY_GATE)
+
+
+def n_layer_of(r, arch) -> int | None:
+    """{arch}.block_count when it is a whole number the file's tensors can hold (each layer has several), else
+    None: a corrupt count must not size a loop."""
+    n = value(r, f"{arch}.block_count")
+    ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= len(r.tensors)
+    return n if ok else None
+
+
 def _problems(r, path: Path, require_river: bool) -> list[str]:
     arch = value(r, "general.architecture")
     if arch not in F.ARCHITECTURES:
         return [f"{path}: unsupported architecture '{arch}': river-edge supports {', '.join(F.ARCHITECTURES)}"]
-    n_layer = value(r, f"{arch}.block_count")
-    if not isinstance(n_layer, int) or n_layer < 1:
-        return [f"{path}: missing or bad {arch}.block_count"]
+    n_layer = n_layer_of(r, arch)
+    if n_layer is None:
+        return [f"{path}: missing or bad {arch}.block_count {value(r, f'{arch}.block_count')!r} "
+                f"(a count of layers its {len(r.tensors)} tensors can hold)"]
     tensors = {t.name: t for t in r.tensors}
     has_river = F.KEY_VERSION in r.fields or any(n.startswith("river.") for n in tensors)
     if not has_river:
@@ -62,7 +87,7 @@ def _problems(r, path: Path, require_river: bool) -> list[str]:
 
     out: list[str] = []
     try:
-        F.check_version(value(r, F.KEY_VERSION))
+        F.check_version(_typed(r, F.KEY_VERSION, *KEY_TYPES[F.KEY_VERSION]))
     except RiverError as e:
         return [f"{path}: {e}"]
     for key in (F.KEY_TYPE, F.KEY_LAYER_TYPES, F.KEY_BACKBONE_TYPE, F.KEY_THRESHOLDS, F.KEY_MIN_EXIT, F.KEY_CALIBRATED):
@@ -137,7 +162,7 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
     hp = lambda k: value(r, f"{arch}.{k}")  # noqa: E731
     info: dict[str, Any] = {
         "path": str(path), "file_bytes": path.stat().st_size, "architecture": arch, "name": value(r, "general.name"),
-        "n_layer": hp("block_count"), "n_embd": hp("embedding_length"), "n_ff": hp("feed_forward_length"),
+        "n_layer": n_layer_of(r, arch), "n_embd": hp("embedding_length"), "n_ff": hp("feed_forward_length"),
         "n_head": hp("attention.head_count"), "n_head_kv": hp("attention.head_count_kv"),
         "vocab": len(tok.data) if tok is not None else hp("vocab_size"),
     }
@@ -156,7 +181,8 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
     info["river_bpw"] = 8 * info["river_bytes"] / rv_params if rv_params else 0.0
     by_layer: dict[int, set[str]] = {}
     for t in river:
-        layer = int(t.name.split(".")[2]) if t.name.split(".")[2].isdigit() else -1
+        parts = t.name.split(".")   # river.blk.<i>.<weight>.weight; anything else is counted as no layer
+        layer = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else -1
         by_layer.setdefault(layer, set()).add(quant.type_name(t.tensor_type))
     info["river_tensor_types"] = [sorted(by_layer.get(i, ())) for i in range(info["n_layer"] or 0)]
     rh = next((t for t in river if t.name == F.RIVER_HEAD), None)

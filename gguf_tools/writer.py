@@ -71,8 +71,13 @@ def temp_beside(dst: str | Path, suffix: str = ".part") -> Path:
     (a killed build leaves hundreds of MB) are removed first, a live concurrent writer's are left alone.
     """
     dst = Path(dst)
-    for part in dst.parent.glob(f".{glob.escape(dst.name)}.*{glob.escape(suffix)}"):
-        pid = part.name[len(dst.name) + 2:].split(".", 1)[0]
+    # ours for dst: .NAME.PID.*SUFFIX, and ..NAME.PID.* (a writer of that temporary file through its own one:
+    # a calibrated build writes the uncalibrated river first)
+    mine = [*dst.parent.glob(f".{glob.escape(dst.name)}.*{glob.escape(suffix)}"),
+            *dst.parent.glob(f"..{glob.escape(dst.name)}.*")]
+    for part in mine:
+        lead = 2 if part.name.startswith(f"..{dst.name}.") else 1
+        pid = part.name[lead + len(dst.name) + 1:].split(".", 1)[0]
         if not pid.isdigit():   # named before pids were: stale once an hour old
             with contextlib.suppress(OSError):
                 if time.time() - part.stat().st_mtime > 3600:
@@ -90,6 +95,18 @@ def temp_beside(dst: str | Path, suffix: str = ".part") -> Path:
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.{os.getpid()}.", suffix=suffix)
     os.close(fd)
     return Path(tmp)
+
+
+def write_text(dst: str | Path, text: str) -> Path:
+    """`text` into `dst` through temp_beside and a rename: a reader never sees half a report."""
+    dst = Path(dst)
+    tmp = temp_beside(dst, ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
 
 
 def write(dst: Path, arch: str, kv: list[tuple], tensors: list[Tensor], progress: Progress | None) -> None:

@@ -135,6 +135,10 @@ def test_cli_errors(tiny_llama, tiny_llama_base, tmp_path):
     r = run("chat", tiny_llama, "--mode", "exact", "--drafter", "medusa", "-p", "x", code=1)
     assert "unknown drafter 'medusa'" in r.stderr and "Traceback" not in r.stderr
     run("chat", tiny_llama, "--mode", "gated", "--gate", "-1", "-p", "x", code=2)
+    assert "out of range" in run("chat", tiny_llama, "--tau", "nan", code=2).stderr
+    # the rules the file format allows: inf is "never exit" / "never fall back", as in the GGUF's keys
+    run("chat", tiny_llama, "--tau", "inf", "-p", "x", "-n", "2")
+    run("chat", tiny_llama, "--mode", "gated", "--gate", "inf", "-p", "x", "-n", "2")
     r = run("chat", tiny_llama_base, "--tau", "0.5", "-p", "x", code=1)
     assert "river" in r.stderr and "Traceback" not in r.stderr
 

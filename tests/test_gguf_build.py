@@ -173,14 +173,22 @@ def test_set_river_keys(tiny_llama, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    (dict(thresholds=[0.5]), "need 4 numbers"),
-    (dict(thresholds=[0.5, math.nan, 1, 1]), "no NaN"),
+    (dict(thresholds=[0.5]), "need 4 values"),
+    (dict(thresholds=[0.5, math.nan, 1, 1]), r"thresholds\[1\] nan out of range"),
+    (dict(thresholds=[-0.5] * 4), "out of range"),          # the loader and validate() refuse negatives
+    (dict(thresholds=[0.5, 0.5, 0.5, 2.0]), "out of range"),
     (dict(min_exit_layer=4), "out of range 0..3"),
+    (dict(min_exit_layer=1.7), "whole number"),               # not truncated to 1
+    (dict(gate_entropy=-1.0), "out of range"),
+    (dict(gate_entropy=math.nan), "out of range"),
 ])
 def test_set_river_keys_rejects(tiny_llama, tmp_path, kwargs, fragment):
+    """The writer applies format.py's rules, the loader's and validate()'s."""
     with pytest.raises(RiverError, match=fragment):
         set_river_keys(tiny_llama, tmp_path / "x.gguf", **kwargs)
     assert not (tmp_path / "x.gguf").exists()
+    ok = set_river_keys(tiny_llama, tmp_path / "ok.gguf", thresholds=[0.0, 0.5, 1.0, math.inf], gate_entropy=math.inf)
+    assert validate(ok) == []
 
 
 def test_set_river_keys_needs_a_river_gguf(tiny_llama_base, tmp_path):

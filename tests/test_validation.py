@@ -24,6 +24,7 @@ BAD_KEYS = {
     "version 999": {F.KEY_VERSION: (999, V.UINT32)},
     "version missing": {F.KEY_VERSION: DROP},
     "version as string": {F.KEY_VERSION: ("1", V.STRING)},
+    "version as i32": {F.KEY_VERSION: (1, V.INT32)},      # the loader reads a u32: validate() must refuse it too
     "min exit 4e9": {F.KEY_MIN_EXIT: (4_000_000_000, V.UINT32)},
     "min exit = n_layer": {F.KEY_MIN_EXIT: (L, V.UINT32)},
     "min exit as f32": {F.KEY_MIN_EXIT: (1.0, V.FLOAT32)},
@@ -37,6 +38,8 @@ BAD_KEYS = {
     "gate nan": {F.KEY_GATE: (math.nan, V.FLOAT32)},
     "gate -1": {F.KEY_GATE: (-1.0, V.FLOAT32)},
     "gate as string": {F.KEY_GATE: ("abc", V.STRING)},
+    "gate as a numeric string": {F.KEY_GATE: ("0.5", V.STRING)},   # the runtime reads the gate as validate() does
+    "gate as u32": {F.KEY_GATE: (1, V.UINT32)},
 }
 GOOD_KEYS = {
     "thresholds 0, 0.5, 1, inf": {F.KEY_THRESHOLDS: ([0.0, 0.5, 1.0, math.inf], V.ARRAY, V.FLOAT32)},
@@ -117,7 +120,32 @@ def test_stale_part_files_of_a_killed_build_are_swept(tiny_llama_base, tmp_path)
     dead = tmp_path / f".{out.name}.999999999.abc.part"      # no such pid
     alive = tmp_path / f".{out.name}.{os.getpid()}.def.part"  # a live writer: left alone
     other = tmp_path / ".other.gguf.999999999.x.part"           # another output: not ours
-    for p in (dead, alive, other):
+    # a killed calibrated build: the uncalibrated river's own temporary file, inside the outer one's name
+    nested = tmp_path / f"..{out.name}.999999999.g.uncalibrated.gguf.999999999.h.part"
+    for p in (dead, alive, other, nested):
         p.write_bytes(b"x" * 100)
     build_river(tiny_llama_base, out)
-    assert out.is_file() and not dead.exists() and alive.exists() and other.exists()
+    assert out.is_file() and not dead.exists() and not nested.exists() and alive.exists() and other.exists()
+
+
+@pytest.mark.parametrize("count", [4_000_000_000, 1000, "4"])
+def test_a_corrupt_layer_count_is_one_problem_not_a_loop(tiny_llama, tmp_path, count):
+    """block_count sizes every per-layer loop of validate/inspect: one the tensors cannot hold is refused first."""
+    bad = rewrite(tiny_llama, tmp_path / "bad.gguf",
+                  keys={"llama.block_count": (count, V.STRING if isinstance(count, str) else V.UINT32)})
+    problems = validate(bad)
+    assert len(problems) == 1 and "block_count" in problems[0], problems
+    info = inspect_gguf(bad)
+    assert info["n_layer"] is None and info["river_tensor_types"] == [] and info["problems"] == problems
+    format_report(info)
+
+
+@needs_runtime
+def test_a_bad_decide_fails_before_the_model_exists(tiny_llama, capfd):
+    """Refused in __new__: a half-made Llama would print an ignored AttributeError from its __del__."""
+    import gc
+
+    with pytest.raises(RiverError, match="decide"):
+        R.RiverLlama(str(tiny_llama), n_ctx=64, n_threads=1, decide="bogus")
+    gc.collect()
+    assert "Exception ignored" not in capfd.readouterr().err

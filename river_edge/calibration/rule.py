@@ -41,7 +41,9 @@ def candidates(tr: Trace, rule: str, min_exit: Sequence[int]):
                 tau = np.quantile(tr.sims, q, axis=0)
             else:
                 tau = np.full(L, np.quantile(tr.sims[:, m:L - 1], q))
-            tau = tau.astype(np.float32)
+            # the format's range (no negative thresholds): a quantile below 0 becomes 0, one past 1 by rounding 1;
+            # the predictions below use the clipped rule
+            tau = np.clip(tau, 0.0, 1.0).astype(np.float32)
             if q == 0:
                 # exit at m whatever the similarity (the lowest quantile itself is no "over"): 0, the lowest
                 # threshold the format allows, as a residual layer never turns its state by 90 degrees

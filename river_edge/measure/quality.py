@@ -115,7 +115,8 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     scores so that the rule's depth spans about 25-90% of the layers)."""
     from river_edge.measure import files as BF
     from river_edge.runtime.llama import RiverLlama
-    from river_edge.runtime.spec import DEFAULT_GATE, GATE_KEY
+    from river_edge.gguf_tools.inspect import stored_gate
+    from river_edge.runtime.spec import DEFAULT_GATE
 
     say = progress or (lambda *a: None)
     river_path = Path(river_path)
@@ -135,7 +136,8 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     toks = [([llm.token_bos()] + llm.tokenize(t.encode(), add_bos=False, special=False))[:max_tokens]
             for _, t in texts]
     gguf_tau = llm.thresholds
-    gate = float((llm.metadata or {}).get(GATE_KEY, DEFAULT_GATE))
+    gate = stored_gate(river_path)
+    gate = DEFAULT_GATE if gate is None else gate
 
     def teacher_force(m, step, scorer_ref, keep=None):
         """step(m, tok) decodes one token and returns its logits."""
@@ -337,7 +339,7 @@ def format_table(res: dict) -> str:
 
 
 def write(res: dict, out_dir: str | Path, stem: str) -> Path:
-    p = Path(out_dir) / f"{stem}.json"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(res, indent=1) + "\n")
-    return p
+    from river_edge.gguf_tools.writer import write_text
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return write_text(Path(out_dir) / f"{stem}.json", json.dumps(res, indent=1) + "\n")

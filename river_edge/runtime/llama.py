@@ -109,6 +109,7 @@ class RiverLlama(llama_cpp.Llama):
         path = Path(model_path)
         if not path.is_file():
             raise RiverError(f"{path}: no such file")
+        F.check_decide(kwargs.get("decide", "sync"))
         if _lib() is None and _has_river_tensors(path):
             raise RiverError(f"{path} is a river GGUF: it needs river-edge's patched llama-cpp-python "
                              "(run `make setup`); this one is stock")
@@ -117,7 +118,7 @@ class RiverLlama(llama_cpp.Llama):
 
             try:
                 connect(kwargs["rpc_servers"])
-            except (ValueError, RuntimeError) as e:
+            except ValueError as e:   # a malformed endpoint list
                 raise RiverError(str(e)) from None
         return super().__new__(cls)
 

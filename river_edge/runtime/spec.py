@@ -72,7 +72,6 @@ from river_edge.format import RiverError
 from river_edge.runtime.sampling import Transform, accept, agree, margin, processed_probs, top1_prob
 
 MODES = ("exact", "gated", "river", "fast", "backbone")
-GATE_KEY = F.KEY_GATE
 DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
 KMAX = 8
 PROBE_IDLE = 128          # tokens between probes where no acceptance could make drafting pay
@@ -132,17 +131,13 @@ class Spec:
 
     # -- mode ------------------------------------------------------------------------------------
     def stored_gate(self) -> float:
-        v = (self.llm.metadata or {}).get(GATE_KEY)   # llama-cpp-python gives every value as a string
-        if v is None:
-            return DEFAULT_GATE
+        from river_edge.gguf_tools.inspect import stored_gate   # validate()'s reading: an f32 key, its rule
+
         try:
-            x = float(v)
-        except ValueError:
-            raise RiverError(f"{self.llm.model_path}: {GATE_KEY} {v!r} is not a number") from None
-        try:
-            return F.check_gate(x)
+            v = stored_gate(self.llm.model_path)
         except RiverError as e:
-            raise RiverError(f"{self.llm.model_path}: {GATE_KEY}: {e}") from None
+            raise RiverError(f"{self.llm.model_path}: {e}") from None
+        return DEFAULT_GATE if v is None else v
 
     @property
     def mode(self) -> str:
