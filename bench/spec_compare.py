@@ -27,6 +27,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
+from river_edge.gguf_tools.writer import write_text
 from river_edge.measure.harness import rotation, timed_greedy
 
 HERE = Path(__file__).resolve().parent
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
         "exact_stats": {k: ex.get(k) for k in ("acceptance_rate", "mean_draft_len", "tokens_per_cycle", "cost_model")},
     }
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"spec_compare_{a.name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_text(a.out / f"spec_compare_{a.name}.json", json.dumps(summary, indent=1) + "\n")
     _plot(summary, a.out / f"spec_compare_{a.name}.png")
     print(json.dumps({k: summary[k] for k in ("tok_s_median", "ratio_median", "identical_rounds", "peak_mib")},
                      indent=1))

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from river_edge.format import RiverError
+from river_edge.gguf_tools.writer import write_text
 
 from .app import CacheDir, ModelArg, Threads, command, in_cache, jsonable, model_path
 from .progress import Bars
@@ -39,7 +40,7 @@ def eval_(
     results: Annotated[Optional[Path], typer.Option(
         "--results", show_default="river-eval/<model>.<task>.jsonl",
         help="Per-problem results (JSON lines, appended: a rerun skips finished problems); the summary goes "
-             "beside it as .json.")] = None,
+             "beside it as .json (.summary.json when the results file is a .json).")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Start over: discard earlier results in that file.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=0.5, help="HumanEval: seconds per program.")] = 10.0,
     cache_dir: CacheDir = None,
@@ -63,7 +64,6 @@ to the backbone) and mean backbone depth; writes the per-problem JSON lines and 
             path = model_path(model, bars)
             summary = E.run(path, task.value, limit=limit, configs=cfgs, max_tokens=max_tokens, threads=threads,
                             data=data_dir, results=results, fresh=fresh, timeout=timeout, progress=bars)
-    out = Path(summary["results"]).with_suffix(".json")
-    out.write_text(json.dumps(jsonable(summary), indent=1) + "\n")
+    out = write_text(E.summary_path(Path(summary["results"])), json.dumps(jsonable(summary), indent=1) + "\n")
     typer.echo(E.format_table(summary))
     typer.echo(f"\nresults {summary['results']}\nsummary {out}")

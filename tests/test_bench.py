@@ -167,7 +167,8 @@ def test_modes_bench_shipped_file(river_copy, tiny_llama_base, monkeypatch):
     from river_edge.measure import modes as M
 
     with pytest.raises(RiverError, match="shipped: the file this river GGUF was built from"):
-        M.run(river_copy, M.parse_modes("shipped"), threads=1, tokens=3, rounds=1, prompts=SHORT[:1])
+        M.run(river_copy, M.parse_modes("shipped,q8_0"), threads=1, tokens=3, rounds=1, prompts=SHORT[:1])
+    assert sorted(p.name for p in river_copy.parent.iterdir()) == [river_copy.name]   # refused before writing
     monkeypatch.setattr(BF, "source_model", lambda info: "smollm2-135m")
     monkeypatch.setattr(BF.zoo, "is_prepared", lambda name: name == "smollm2-135m")
     monkeypatch.setattr(BF.zoo, "model_path", lambda name: Path(tiny_llama_base))
@@ -201,6 +202,7 @@ def test_modes_bench_cli(river_copy, runner, tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "bench_modes_tiny.json").read_text())
     assert list(res["configs"]) == ["backbone", "exact", "fast"] and res["tokens"] == 12
+    assert not list(river_copy.parent.glob("*.backbone.gguf"))   # no plain configuration: no backbone copy
     assert (tmp_path / "bench_modes_tiny.png").stat().st_size > 1000
     bad = runner.invoke(app, ["bench", str(river_copy), "--mode", "exact,turbo"])
     assert bad.exit_code != 0 and "unknown mode 'turbo'" in bad.output and "Traceback" not in bad.output

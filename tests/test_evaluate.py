@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -165,6 +166,21 @@ def test_eval_runs_and_resumes(tiny_llama, data, tmp_path, monkeypatch):
     assert len(res.read_text().splitlines()) == 8
 
 
+def test_results_json_keeps_its_rows_and_a_cut_last_line_reruns(tiny_llama, data, tmp_path):
+    """--results r.json: the summary goes to r.summary.json (it overwrote the rows); a last line cut short by an
+    interrupted run is that problem run again."""
+    res = tmp_path / "r.json"
+    E.run(tiny_llama, "gsm8k", limit=2, configs=["river"], max_tokens=4, data=data, results=res)
+    assert E.summary_path(res) == tmp_path / "r.summary.json"
+    rows = E.read_results(res)
+    assert len(rows) == 2
+    res.write_text(res.read_text()[:-20])    # the second row cut short
+    assert E.read_results(res) == rows[:1]
+    E.run(tiny_llama, "gsm8k", limit=2, configs=["river"], max_tokens=4, data=data, results=res)
+    again = E.read_results(res)
+    assert len(again) == 2 and again[0] == rows[0] and again[1]["id"] == rows[1]["id"]
+
+
 def test_eval_math_api(tiny_llama, data, tmp_path):
     s = E.run(tiny_llama, "math", limit=1, configs=["river"], max_tokens=4, data=data,
               results=tmp_path / "m.jsonl")
@@ -183,6 +199,15 @@ def test_eval_errors(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
     r = run("eval", tiny_llama_base, "--task", "gsm8k", "--configs", "river", "--data-dir", data,
             "--results", tmp_path / "x.jsonl", code=1)
     assert "needs a river GGUF" in r.stderr
+    # --results naming the model itself, or another file: refused, nothing deleted or appended to
+    copy = tmp_path / "m.gguf"
+    copy.write_bytes(Path(tiny_llama).read_bytes())
+    r = run("eval", copy, "--task", "gsm8k", "--data-dir", data, "--results", copy, "--fresh", code=1)
+    assert "the model being evaluated" in r.stderr and copy.read_bytes() == Path(tiny_llama).read_bytes()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\nmore\n")
+    r = run("eval", tiny_llama, "--task", "gsm8k", "--data-dir", data, "--results", notes, code=1)
+    assert "not a river eval result row" in r.stderr and notes.read_text() == "my notes\nmore\n"
     monkeypatch.setenv("RIVER_EDGE_DATA", str(tmp_path / "also-nowhere"))
     with pytest.raises(RiverError, match="RIVER_EDGE_DATA"):
         T.data_dir()
@@ -190,3 +215,11 @@ def test_eval_errors(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
     (tmp_path / "empty" / "gsm8k").mkdir(parents=True)
     with pytest.raises(RiverError, match="test_dev.jsonl"):
         T.load_problems("gsm8k", data=tmp_path / "empty")
+    # rows a task cannot read: one line naming the file and the row
+    bad = tmp_path / "bad" / "gsm8k" / "test_dev.jsonl"
+    bad.parent.mkdir(parents=True)
+    for body, why in ((b'{"q": "x", "answer": "1"}\n', "row 1 has no 'question'"), (b"[1]\n", "not a JSON object"),
+                      (b"\xff\xfe\n", "not UTF-8")):
+        bad.write_bytes(body)
+        with pytest.raises(RiverError, match=why):
+            T.load_problems("gsm8k", data=tmp_path / "bad")

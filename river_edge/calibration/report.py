@@ -43,6 +43,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     beside it: DST.calibration.json and DST.calibration.png. `label` names the model in the summary and
     the plot (default: src's file name; a build through a temporary file passes the final name)."""
     from ..gguf_tools.build import set_river_keys
+    from ..gguf_tools.writer import write_text
     from ..gguf_tools.inspect import check
     from river_edge.measure import plots
     from ..tokenizer import Tokenizer
@@ -68,7 +69,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     set_river_keys(src, dst, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
                    calibrated=True, fit_summary=json.dumps(_compact(summary)), gate_entropy=gate["gate_entropy"],
                    gate_summary=json.dumps(summary["gate"]))
-    Path(f"{dst}.calibration.json").write_text(json.dumps(summary, indent=1))
+    write_text(f"{dst}.calibration.json", json.dumps(summary, indent=1))
     plots.calibration(summary, f"{dst}.calibration.png", f"{label}: calibration, {target.kind} <= {target.value}"
                        if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
     return summary

@@ -46,6 +46,7 @@ from river_edge.measure import files as BF
 from river_edge.measure.files import packaged_prompts, prepare_files, weights_note
 from river_edge.progress import Progress, no_progress
 from river_edge.format import RiverError
+from river_edge.gguf_tools.writer import write_text
 from river_edge.measure.harness import alternate
 from river_edge.measure.plots import river_vs_ideal_from_medians
 from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
@@ -203,7 +204,7 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
     if rounds < 1 or threads < 1:
         raise RiverError("rounds and threads must be at least 1")
     river_path = Path(river_path)
-    files, notes = prepare_files(river_path, say)
+    files, notes = prepare_files(river_path, say, backbone=True)
     L = notes["n_layer"]
     cfgs = configs(L, sweep)
     texts = list(prompts) if prompts else packaged_prompts(n_prompts)
@@ -401,8 +402,7 @@ def write(res: dict, out_dir: str | Path, stem: str, plot) -> tuple[Path, Path]:
     """res as <stem>.json and plot(res) as <stem>.png in out_dir (plot: a figure of measure/plots.py)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    j = out_dir / f"{stem}.json"
-    j.write_text(json.dumps(res, indent=1) + "\n")
+    j = write_text(out_dir / f"{stem}.json", json.dumps(res, indent=1) + "\n")
     return j, plot(res, out_dir / f"{stem}.png")
 
 

@@ -118,16 +118,31 @@ def generate(llm, prompt: str, max_tokens: int) -> dict:
 
 
 def read_results(path: Path) -> list[dict]:
+    """The rows of an earlier run; only the last line may be cut short (an interrupted run: that problem runs
+    again). Any other line that is not a result row means the file is something else: refused, not appended to."""
     if not path.is_file():
         return []
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut short by an interrupted run: that problem runs again
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise RiverError(f"{path}: not a river eval results file (not UTF-8 text)") from None
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not {"settings", "config", "id"} <= row.keys():
+                raise ValueError
+            rows.append(row)
+        except ValueError:
+            if i < len(lines) - 1:
+                raise RiverError(f"{path}:{i + 1}: not a river eval result row; use --results for another "
+                                 "file (or --fresh to start this one over)") from None
     return rows
+
+
+def summary_path(results: Path) -> Path:
+    """Where `river eval` writes the summary: beside the results as .json (.summary.json if they are .json)."""
+    return results.with_suffix(".summary.json" if results.suffix == ".json" else ".json")
 
 
 @dataclass
@@ -163,6 +178,9 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
     results = Path(results) if results is not None else default_results(model, task)
     settings = Settings(task, model.name, model.stat().st_size, max_tokens)
     results.parent.mkdir(parents=True, exist_ok=True)
+    for p in (results, summary_path(results)):
+        if p.exists() and os.path.samefile(p, model):
+            raise RiverError(f"{p}: that is the model being evaluated; choose another --results")
     if fresh:
         results.unlink(missing_ok=True)
     done = {}
@@ -182,6 +200,12 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
                     models[c] = load_config(model, c, threads=threads, n_ctx=n_ctx, progress=progress, cache=cache)
         total = len(problems) * len(configs)
         count = total - len(todo)
+        if results.is_file() and (size := results.stat().st_size):   # drop a line an interrupted run cut short
+            with open(results, "r+b") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.seek(0)
+                    f.truncate(f.read().rfind(b"\n") + 1)
         with open(results, "a", encoding="utf-8") as f:
             for p, c in todo:
                 say(f"{task} {p.id} [{c}]", count, total)

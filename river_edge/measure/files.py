@@ -53,10 +53,11 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
     llama-quantize recipe (plain files: what a user makes from the F16 backbone), else convert.plain's."""
     from river_edge.gguf_tools.convert import plain
     from river_edge.gguf_tools.quant import RECIPES, llama_quantize
+    from river_edge.gguf_tools.writer import temp_beside
 
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp.gguf")
+    tmp = temp_beside(dst, ".gguf")   # a killed run's file is removed by the next one
     try:
         progress(f"writing {dst.name}", 0, 1)
         if mode in RECIPES:
@@ -69,10 +70,12 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
     return dst
 
 
-def prepare_files(river_path: Path, progress: Progress | None = None,
-                  plain: Sequence[str] = ("q8_0", "q4_0"), shipped: bool = False) -> tuple[dict[str, Path], dict]:
+def prepare_files(river_path: Path, progress: Progress | None = None, plain: Sequence[str] = ("q8_0", "q4_0"),
+                  shipped: bool = False, backbone: bool = False) -> tuple[dict[str, Path], dict]:
     """The files of every configuration, plain ones written once next to the river GGUF; and notes. With
-    `shipped`, also the file the river was built from (the one a user already has), when it is in the cache."""
+    `shipped`, also the file the river was built from (the one a user already has; RiverError when it is not in
+    the cache); with `backbone`, the backbone as a plain file ("plain-f16"), written only when asked or when a
+    plain quantization is made from it (it is as big as the backbone)."""
     from river_edge.gguf_tools.inspect import inspect_gguf
 
     say = progress or no_progress
@@ -83,12 +86,16 @@ def prepare_files(river_path: Path, progress: Progress | None = None,
     source = source_model(info)
     base = zoo.model_path(source) if source and zoo.is_prepared(source) else None
     name, folder = stem(river_path), river_path.parent
-    files = {"river": river_path,
-             "plain-f16": _derive(river_path, folder / f"{name}.backbone.gguf", "backbone", say)}
+    if shipped and base is None:   # checked before writing anything
+        raise RiverError("shipped: the file this river GGUF was built from is not in the model cache (found only "
+                         "for the offline models: `river models prepare NAME`)")
+    files = {"river": river_path}
+    if backbone or plain:
+        files["plain-f16"] = _derive(river_path, folder / f"{name}.backbone.gguf", "backbone", say)
     for q in plain:   # llama-quantize of the F16 backbone (the shipped file's values, upcast)
         same = q == info.get("backbone_type")   # a Q8_0 backbone is its own plain Q8_0 (no requantizing)
         files[q] = files["plain-f16"] if same else _derive(files["plain-f16"], folder / f"{name}.plain.{q}.gguf", q, say)
-    if shipped and base is not None:
+    if shipped:
         files["shipped"] = base   # the file the user already has: the river's source, as it was downloaded
     notes = {
         "source_model": source,

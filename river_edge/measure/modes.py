@@ -75,14 +75,12 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         raise RiverError("tokens must be at least 2, rounds and threads at least 1")
     max_rounds = max(rounds, max_rounds)
     river_path = Path(river_path)
+    draft_file = draft_for(river_path, draft, say) if "exact:draft" in modes else None   # refused before writing
     files, notes = BF.prepare_files(river_path, say, plain=[q for q in modes if q in PLAIN and q != "shipped"],
                                    shipped="shipped" in modes)
     cfgs = ["backbone"] + [m for m in modes if m != "backbone"]
-    if "shipped" in cfgs and "shipped" not in files:
-        raise RiverError("shipped: the file this river GGUF was built from is not in the model cache (found only "
-                         "for the offline models: `river models prepare NAME`)")
-    if "exact:draft" in cfgs:
-        files["draft"] = draft_for(river_path, draft, say)
+    if draft_file is not None:
+        files["draft"] = draft_file
     texts = list(prompts) if prompts else BF.packaged_prompts(n_prompts)
     chats = [Tokenizer(river_path).chat(t) for t in texts]
     n_ctx = max(len(c) for c in chats) + tokens + 16

@@ -33,7 +33,7 @@ def data_dir(explicit: str | os.PathLike | None = None) -> Path:
     elif os.environ.get("RIVER_EDGE_DATA"):
         cands = [Path(os.environ["RIVER_EDGE_DATA"]).expanduser()]
     else:
-        repo = Path(__file__).resolve().parent.parent
+        repo = Path(__file__).resolve().parents[2]   # river_edge/measure/tasks.py -> the repository
         cands = [repo.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
     for c in cands:
         if c.is_dir():
@@ -46,14 +46,28 @@ def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise RiverError(f"{path}: not found (the {path.parent.name} data); check --data-dir / RIVER_EDGE_DATA")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    raise RiverError(f"{path}:{i}: not a JSON line") from None
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise RiverError(f"{path}: not UTF-8 text") from None
+    for i, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise RiverError(f"{path}:{i}: not a JSON line") from None
+            if not isinstance(row, dict):
+                raise RiverError(f"{path}:{i}: not a JSON object")
+            rows.append(row)
     return rows
+
+
+def _fields(path: Path, rows: list[dict], *names: str) -> None:
+    """Each row has the fields a task reads (the first of a group separated by '|' that it has)."""
+    for i, r in enumerate(rows, 1):
+        for want in names:
+            if not any(n in r for n in want.split("|")):
+                raise RiverError(f"{path}: row {i} has no {want.replace('|', ' or ')!r} field")
 
 
 @dataclass
@@ -68,11 +82,13 @@ def load_problems(task: str, limit: int | None = None, data: str | os.PathLike |
     if task not in TASKS:
         raise RiverError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     if task == "gsm8k":
-        rows = read_jsonl(data_dir(data) / "gsm8k" / "test_dev.jsonl")
+        path = data_dir(data) / "gsm8k" / "test_dev.jsonl"
+        _fields(path, rows := read_jsonl(path), "question", "answer")
         probs = [Problem(f"gsm8k/{i}", GSM8K_PROMPT.format(question=r["question"]), gsm8k_reference(r["answer"]))
                  for i, r in enumerate(rows)]
     elif task == "math":
-        rows = read_jsonl(data_dir(data) / "math500" / "dev.jsonl")
+        path = data_dir(data) / "math500" / "dev.jsonl"
+        _fields(path, rows := read_jsonl(path), "problem", "answer|solution")
         probs = [Problem(r.get("unique_id", f"math/{i}"), MATH_PROMPT.format(problem=r["problem"]),
                          r["answer"] if "answer" in r else last_boxed(r["solution"]) or "")
                  for i, r in enumerate(rows)]
