@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import CacheDir, GpuLayers, command, in_cache
+from .app import CacheDir, GpuLayers, command, finite, in_cache
 from .progress import Bars
 
 
@@ -45,7 +45,7 @@ def bench(
         help="With --mode: host:port,... of `river rpc-server`s to offload --gpu-layers to; local:N starts N "
              "servers on 127.0.0.1 for the run (one thread each).")] = None,
     rpc_delay: Annotated[float, typer.Option(
-        "--rpc-delay", min=0.0, help="With --rpc: milliseconds added each way to every message (a forwarder on "
+        "--rpc-delay", min=0.0, callback=finite, help="With --rpc: milliseconds added each way to every message (a forwarder on "
                                      "127.0.0.1): a network's latency on one host.")] = 0.0,
     flash_attn: Annotated[bool, typer.Option(
         "--flash-attn", help="With --mode: every configuration with flash attention, under which a verification "
@@ -73,8 +73,12 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
     from river_edge.runtime.rpc import delayed, local_servers, parse_endpoints
 
     modes = M.parse_modes(mode) if mode is not None else None
-    if (gpu_layers or rpc) and not modes:
-        raise typer.BadParameter("--gpu-layers and --rpc go with --mode", param_hint="'--rpc'")
+    if not modes:   # the laptop benchmark has none of these: refused, not silently ignored
+        given = [o for o, v in (("--gpu-layers", gpu_layers), ("--rpc", rpc), ("--flash-attn", flash_attn),
+                                ("--draft", draft), ("--max-rounds", max_rounds)) if v]
+        if given:
+            raise typer.BadParameter(f"{' and '.join(given)} go{'es' if len(given) == 1 else ''} with --mode",
+                                     param_hint=f"'{given[0]}'")
     if rpc_delay and not rpc:
         raise typer.BadParameter("--rpc-delay goes with --rpc", param_hint="'--rpc-delay'")
     n_local, endpoints = 0, None

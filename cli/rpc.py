@@ -17,7 +17,11 @@ def rpc_server(
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads to compute with.")] = None,
 ):
     """Serve this machine's CPU to RPC clients (llama.cpp's rpc-server) until stopped."""
-    from river_edge.runtime.rpc import serve
+    from river_edge.runtime.rpc import parse_endpoints, serve
 
+    try:
+        parse_endpoints(f"{host}:{port}")
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="'--host'") from None
     typer.echo(f"rpc-server on {host}:{port} (Ctrl-C stops it)", err=True)
     serve(host, port, threads)

@@ -65,9 +65,16 @@ def test_bench_through_a_delaying_forwarder(tiny_llama, tmp_path):
 
 def test_bench_rpc_options_are_checked(tiny_llama, runner):
     for args, why in ((["--rpc", "local:0", "--mode", "exact"], "local:N with N >= 1"),
-                      (["--rpc", "local:2"], "--gpu-layers and --rpc go with --mode")):
+                      (["--rpc", "local:2"], "--rpc goes with --mode"),
+                      (["--flash-attn", "--max-rounds", "3"], "--flash-attn and --max-rounds go with --mode")):
         r = runner.invoke(app, ["bench", str(tiny_llama), *args])
-        assert r.exit_code != 0 and why in r.output and "Traceback" not in r.output
+        said = " ".join(r.output.replace("│", " ").split())   # typer's error box wraps long lines
+        assert r.exit_code != 0 and why in said and "Traceback" not in r.output
+
+
+def test_rpc_server_refuses_a_bad_address_before_serving(runner):
+    r = runner.invoke(app, ["rpc-server", "--host", ""])
+    assert r.exit_code == 2 and "expected host:port" in r.output and "Traceback" not in r.output
 
 
 def test_chat_names_a_bad_or_absent_server(tiny_llama, runner):

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from river_edge.format import RiverError
+
 _CONNECTED: dict[str, int] = {}   # endpoint -> devices it registered (a second register would double them)
 
 
@@ -40,7 +42,7 @@ def _ggml():
 
     lib = getattr(llama_cpp.llama_cpp, "_ggml", None)
     if lib is None:
-        raise RuntimeError("this llama-cpp-python exposes no ggml backend registry (river-edge's runtime does)")
+        raise RiverError("this llama-cpp-python exposes no ggml backend registry (river-edge's runtime does)")
     llama_cpp.llama_backend_init()
     for name, args, res in (("ggml_backend_reg_by_name", [c.c_char_p], c.c_void_p),
                             ("ggml_backend_reg_get_proc_address", [c.c_void_p, c.c_char_p], c.c_void_p),
@@ -51,20 +53,20 @@ def _ggml():
         f.argtypes, f.restype = args, res
     reg = lib.ggml_backend_reg_by_name(b"RPC")
     if not reg:
-        raise RuntimeError("this runtime was built without ggml's RPC backend (-DGGML_RPC=ON; `make setup` builds it)")
+        raise RiverError("this runtime was built without ggml's RPC backend (-DGGML_RPC=ON; `make setup` builds it)")
     return lib, reg
 
 
 def _proc(lib, reg, name: str, restype, *argtypes):
     addr = lib.ggml_backend_reg_get_proc_address(reg, name.encode())
     if not addr:
-        raise RuntimeError(f"ggml's RPC backend has no {name}")
+        raise RiverError(f"ggml's RPC backend has no {name}")
     return c.CFUNCTYPE(restype, *argtypes)(addr)
 
 
 def connect(servers) -> int:
     """Register the devices of each rpc-server with ggml (once per endpoint): models loaded afterwards offload
-    to them. Returns how many RPC devices this process has; RuntimeError naming a server that does not answer."""
+    to them. Returns how many RPC devices this process has; RiverError naming a server that does not answer."""
     endpoints = parse_endpoints(servers)
     lib, reg = _ggml()
     add = _proc(lib, reg, "ggml_backend_rpc_add_server", c.c_void_p, c.c_char_p)
@@ -75,11 +77,11 @@ def connect(servers) -> int:
         try:   # ggml aborts the process on a server it cannot reach: ask first
             socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
         except OSError as e:
-            raise RuntimeError(f"RPC server {ep} does not answer ({e.strerror or e}; is `river rpc-server --port "
+            raise RiverError(f"RPC server {ep} does not answer ({e.strerror or e}; is `river rpc-server --port "
                                f"{port}` running there?)") from None
         r = add(ep.encode())
         if not r:
-            raise RuntimeError(f"RPC server {ep} reports no device")
+            raise RiverError(f"RPC server {ep} reports no device")
         lib.ggml_backend_register(r)
         _CONNECTED[ep] = lib.ggml_backend_reg_dev_count(r)
     return sum(_CONNECTED.values())
@@ -120,12 +122,12 @@ def local_servers(n: int, threads: int = 1, timeout: float = 30.0):
         for p, ep in zip(procs, endpoints):
             while True:
                 if p.poll() is not None:
-                    raise RuntimeError(f"rpc-server {ep} exited: {p.stderr.read().decode(errors='replace')[-500:]}")
+                    raise RiverError(f"rpc-server {ep} exited: {p.stderr.read().decode(errors='replace')[-500:]}")
                 with socket.socket() as s:
                     if s.connect_ex(("127.0.0.1", int(ep.rsplit(":", 1)[1]))) == 0:
                         break
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"rpc-server {ep} did not listen within {timeout:.0f} s")
+                    raise RiverError(f"rpc-server {ep} did not listen within {timeout:.0f} s")
                 time.sleep(0.1)
         yield endpoints
     finally:
