@@ -37,7 +37,12 @@ def _calibration(c: dict, model: str) -> list[str]:
 
 def _modes(m: dict) -> list[str]:
     fa = " --flash-attn" if m.get("flash_attn") else ""
-    out = [f"**Decoding modes, {m['model']}** (`river bench {m['model']} --mode {','.join(m['configs'])}{fa}`; {m['tokens']} greedy tokens "
+    notes = m.get("notes") or {}
+    target = m["model"]
+    if (bb := notes.get("backbone_type")) in ("keep", "q8_0"):   # a river over a quantized backbone: built first
+        target = f"{m['model']}.river.gguf"
+        fa += f"` after `river build {notes.get('source_model')} -o {target} --backbone {bb} --no-calibrate"
+    out = [f"**Decoding modes, {m['model']}** (`river bench {target} --mode {','.join(m['configs'])}{fa}`; {m['tokens']} greedy tokens "
            f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process; "
            f"{host_line(m)}):", "",
            "| config | tok/s | x backbone (median, 95% CI) | request x backbone | peak MiB | runs identical to backbone | notes |",
