@@ -161,6 +161,7 @@ def test_exact_refuses_to_speculate_unsupported_settings(model):
     assert ex.stats()["spec_off"] == "grammar"
 
 
+LAST_N = 16   # the penalty window the exact-vs-backbone tests run with
 PENALTIES = [dict(repeat_penalty=1.3), dict(repeat_penalty=1.1, frequency_penalty=0.4, presence_penalty=0.3),
              dict(repeat_penalty=0.8, presence_penalty=-0.5)]
 
@@ -176,7 +177,7 @@ def _assert_rounding_tie(model, prompt, want, got, pen):
     m = _llm(model, "backbone", logits_all=True)
     for t in [*prompt, *want[:i]]:
         m.eval([t])
-    row = Transform(pen, 16)(m.scores[m.n_tokens - 1], None, want[:i])
+    row = Transform(pen, LAST_N)(m.scores[m.n_tokens - 1], None, want[:i])
     top = np.argsort(row)[-2:]
     assert set(top) == {want[i], got[i]} and row[top[1]] - row[top[0]] < 1e-3, (i, row[top[1]] - row[top[0]])
 
@@ -185,7 +186,7 @@ def _assert_rounding_tie(model, prompt, want, got, pen):
 def test_exact_greedy_with_penalties_is_speculated_and_exact(model, pen):
     """Chat front-ends send repeat_penalty 1.1: exact mode applies the penalties row by row inside the
     speculative loop (it used to fall back to plain backbone decoding)."""
-    ref, ex = _llm(model, "backbone", last_n_tokens_size=16), _llm(model, "exact", last_n_tokens_size=16)
+    ref, ex = _llm(model, "backbone", last_n_tokens_size=LAST_N), _llm(model, "exact", last_n_tokens_size=LAST_N)
     ex._spec.fixed_k = 3       # drafts to verify whatever the tiny model's costs say
     changed = 0
     for p in PROMPTS[:3]:
