@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from river_edge.format import RiverError
+
 from .app import CacheDir, GpuLayers, command, finite, in_cache
 from .progress import Bars
 
@@ -72,7 +74,10 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
     from river_edge.measure import plots as P
     from river_edge.runtime.rpc import delayed, local_servers, parse_endpoints
 
-    modes = M.parse_modes(mode) if mode is not None else None
+    try:
+        modes = M.parse_modes(mode) if mode is not None else None
+    except RiverError as e:   # a bad option value is a usage error (exit 2), as eval's --configs
+        raise typer.BadParameter(str(e), param_hint="'--mode'") from None
     if not modes:   # the laptop benchmark has none of these: refused, not silently ignored
         given = [o for o, v in (("--gpu-layers", gpu_layers), ("--rpc", rpc), ("--flash-attn", flash_attn),
                                 ("--draft", draft), ("--max-rounds", max_rounds)) if v]

@@ -205,7 +205,7 @@ def test_modes_bench_cli(river_copy, runner, tmp_path):
     assert not list(river_copy.parent.glob("*.backbone.gguf"))   # no plain configuration: no backbone copy
     assert (tmp_path / "bench_modes_tiny.png").stat().st_size > 1000
     bad = runner.invoke(app, ["bench", str(river_copy), "--mode", "exact,turbo"])
-    assert bad.exit_code != 0 and "unknown mode 'turbo'" in bad.output and "Traceback" not in bad.output
+    assert bad.exit_code == 2 and "unknown mode 'turbo'" in bad.output and "Traceback" not in bad.output
 
 
 def test_decode_follows_the_models_own_greedy_tokens(river_copy):
