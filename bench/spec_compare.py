@@ -29,6 +29,7 @@ from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecodi
 
 from river_edge.gguf_tools.writer import write_text
 from river_edge.measure.harness import rotation, timed_greedy
+from river_edge.measure.plots import save
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = [
@@ -186,7 +187,7 @@ def _plot(s: dict, path: Path) -> None:
     for a_ in ax:
         a_.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 if __name__ == "__main__":

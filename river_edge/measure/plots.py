@@ -20,6 +20,22 @@ def _plt():
     return plt
 
 
+def save(fig, path: str | Path) -> Path:
+    """The figure as a PNG at `path`, through a temporary file and a rename (a reader never sees half of it)."""
+    import os
+
+    from river_edge.gguf_tools.writer import temp_beside
+
+    path = Path(path)
+    tmp = temp_beside(path, ".png")
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def calibration(summary: dict, path: str | Path, title: str = "") -> Path:
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -45,7 +61,7 @@ def calibration(summary: dict, path: str | Path, title: str = "") -> Path:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
     return path
 
@@ -111,7 +127,7 @@ def runtime(res: dict, path: str | Path) -> Path:
                  f"-{res['machine']['load_after']['loadavg_1_5_15'][0]}", fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
     return path
 
@@ -140,7 +156,7 @@ def modes(res: dict, path: str | Path) -> Path:
     for a in ax:
         a.tick_params(axis="x", labelrotation=30)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
     return Path(path)
 
@@ -196,7 +212,7 @@ def longrun(long: dict | None, batch: dict | None, path, w: int = 64) -> Path:
     fig.suptitle("; ".join(title), fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
     return path
 
@@ -218,7 +234,7 @@ def pareto(q: dict, modes: dict | None, path: Path) -> Path:
     ax.set_title(f"{q['model']}: river modes (blue), random (orange x), plain quantization (green), exact (red)",
                  fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
     return path
 
@@ -236,7 +252,7 @@ def pareto_accuracy(evals: dict[str, dict], path: Path) -> Path:
         ax.set_ylabel("accuracy")
     fig.suptitle(f"{next(iter(evals.values()))['model']}: accuracy vs speed", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
     return path
 
@@ -255,6 +271,6 @@ def depth_hist(q: dict, path: Path) -> Path:
     ax.set_title(f"{q['model']}: exit depth, held-out text", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
     return path
