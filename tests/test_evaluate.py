@@ -207,7 +207,7 @@ def test_eval_errors(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\nmore\n")
     r = run("eval", tiny_llama, "--task", "gsm8k", "--data-dir", data, "--results", notes, code=1)
-    assert "not a river eval result row" in r.stderr and notes.read_text() == "my notes\nmore\n"
+    assert "not a river eval results file" in r.stderr and notes.read_text() == "my notes\nmore\n"
     monkeypatch.setenv("RIVER_EDGE_DATA", str(tmp_path / "also-nowhere"))
     with pytest.raises(RiverError, match="RIVER_EDGE_DATA"):
         T.data_dir()

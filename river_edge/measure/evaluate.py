@@ -30,7 +30,7 @@ import numpy as np
 from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.measure.harness import parse_configs
-from river_edge.measure.tasks import MAX_TOKENS, PROMPT_VERSION, TASKS, load_problems, score
+from river_edge.measure.tasks import MAX_TOKENS, PROMPT_VERSION, TASKS, load_problems, read_jsonl, score
 
 Progress = Callable[[str, int, int], None]
 
@@ -122,21 +122,15 @@ def read_results(path: Path) -> list[dict]:
     again). Any other line that is not a result row means the file is something else: refused, not appended to."""
     if not path.is_file():
         return []
-    rows = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise RiverError(f"{path}: not a river eval results file (not UTF-8 text)") from None
-    for i, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict) or not {"settings", "config", "id"} <= row.keys():
-                raise ValueError
-            rows.append(row)
-        except ValueError:
-            if i < len(lines) - 1:
-                raise RiverError(f"{path}:{i + 1}: not a river eval result row; use --results for another "
-                                 "file (or --fresh to start this one over)") from None
+        rows = read_jsonl(path, cut_last=True)
+        bad = next((i for i, r in enumerate(rows, 1) if not {"settings", "config", "id"} <= r.keys()), None)
+    except RiverError as e:
+        raise RiverError(f"{e}: not a river eval results file; use --results for another file (or --fresh to start "
+                         "this one over)") from None
+    if bad is not None:
+        raise RiverError(f"{path}: row {bad} is not a river eval result; use --results for another file (or --fresh "
+                         "to start this one over)")
     return rows
 
 

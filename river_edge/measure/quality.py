@@ -115,8 +115,6 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     scores so that the rule's depth spans about 25-90% of the layers)."""
     from river_edge.measure import files as BF
     from river_edge.runtime.llama import RiverLlama
-    from river_edge.gguf_tools.inspect import stored_gate
-    from river_edge.runtime.spec import DEFAULT_GATE
 
     say = progress or (lambda *a: None)
     river_path = Path(river_path)
@@ -136,8 +134,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     toks = [([llm.token_bos()] + llm.tokenize(t.encode(), add_bos=False, special=False))[:max_tokens]
             for _, t in texts]
     gguf_tau = llm.thresholds
-    gate = stored_gate(river_path)
-    gate = DEFAULT_GATE if gate is None else gate
+    gate = llm.gate   # the GGUF's river.gate_entropy as the model read it (or the default)
 
     def teacher_force(m, step, scorer_ref, keep=None):
         """step(m, tok) decodes one token and returns its logits."""

@@ -42,7 +42,9 @@ def data_dir(explicit: str | os.PathLike | None = None) -> Path:
                      "give --data-dir or set RIVER_EDGE_DATA to the folder holding gsm8k/ and math500/")
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path, cut_last: bool = False) -> list[dict]:
+    """The JSON objects of a JSON-lines file; RiverError naming the first line that is not one, except a last line
+    cut short when `cut_last` (a file an interrupted run was appending to: that line is dropped)."""
     if not path.is_file():
         raise RiverError(f"{path}: not found (the {path.parent.name} data); check --data-dir / RIVER_EDGE_DATA")
     rows = []
@@ -55,6 +57,8 @@ def read_jsonl(path: Path) -> list[dict]:
             try:
                 row = json.loads(line)
             except ValueError:
+                if cut_last and i == len(lines):
+                    break
                 raise RiverError(f"{path}:{i}: not a JSON line") from None
             if not isinstance(row, dict):
                 raise RiverError(f"{path}:{i}: not a JSON object")

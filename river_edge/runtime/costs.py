@@ -48,7 +48,7 @@ class CostModel:
         start = self.step_s(drafter) if n == 0 else self.verify_s[n]
         w = self._obs.setdefault(key, deque([start], maxlen=9))
         w.append(dt)
-        m = float(statistics.median(w))   # not np.median: 80 us a call, paid every cycle
+        m = float(statistics.median(w))   # not np.median: its array machinery dwarfs 9 numbers, every cycle
         if n == 0 and drafter == "river":
             self.draft_s = m
         elif n == 0:

@@ -128,7 +128,7 @@ class RiverLlama(llama_cpp.Llama):
                  drafter: str | None = None, extra_bufts: bool = True, rpc_servers=None, decide: str = "sync",
                  **kwargs):
         path = Path(model_path)
-        self._decide = F.check_decide(decide)
+        self._decide = decide   # checked in __new__, before the Llama exists
         self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
         from river_edge.tokenizer import quiet_llama_logs

@@ -85,7 +85,7 @@ def top1_prob(row: np.ndarray) -> float:
 
 def margin(row: np.ndarray, top: int | None = None) -> float:
     """Top-1 minus top-2 logit (0 for a shared maximum); `top`: the row's argmax when known. Two maxima of the
-    slices around the top, not np.partition: 0.03 ms instead of 1.5 over a 152k vocabulary, paid per token."""
+    slices around the top rather than a partition of the whole vocabulary: it is paid on every verified row."""
     i = int(row.argmax()) if top is None else int(top)
     return float(row[i] - max(row[:i].max(initial=-np.inf), row[i + 1:].max(initial=-np.inf)))
 
