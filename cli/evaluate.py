@@ -29,7 +29,8 @@ def eval_(
     configs: Annotated[Optional[str], typer.Option(
         "--configs", show_default="backbone,river,q4_0",
         help="Comma list: backbone, river (the GGUF's thresholds), tau=X, exact, gated, fast, or a plain "
-             "quantization type (q4_0, q8_0, ...; of the backbone, cached).")] = None,
+             "file: a llama-quantize recipe of the backbone (q8_0, q4_k_m, q4_0, ...), the file river bench compares, "
+             "written once beside the river GGUF.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(
         "--max-tokens", "-n", min=1, show_default="gsm8k 384, math 768, humaneval 512",
         help="Most tokens per answer.")] = None,

@@ -1,8 +1,8 @@
 """Plain (non-river) GGUFs from a base or river GGUF: the baselines River is always shown beside.
 
 - `plain(src, dst, "q4_0")`: every 2-D weight quantized by ggml to one type, the head (output.weight, or
-  the tied token_embd) to q6_k as llama-quantize does (q8_0 where rows are not a multiple of 256):
-  "plain quantization" in every table.
+  the tied token_embd) to q6_k as llama-quantize does (q8_0 where rows are not a multiple of 256): `river
+  convert --to`. The tables' plain files are llama-quantize's own recipes (measure/files.py).
 - `plain(src, dst, "backbone")`: a river GGUF's backbone alone, as stock llama.cpp can load it.
 - `plain(src, dst, "river")`: the model made of the river weights (each layer's seven matrices swapped
   for its river twin, the head for the river head if there is one), which all-river must equal.

@@ -142,13 +142,15 @@ def quantize(x: np.ndarray, qtype: str | T, imatrix: np.ndarray | None = None) -
 
 
 # llama-quantize's recipes, by the name its command line takes: what a user makes from an F16 GGUF
-RECIPES = {"q8_0": "MOSTLY_Q8_0", "q6_k": "MOSTLY_Q6_K", "q5_k_m": "MOSTLY_Q5_K_M", "q4_k_m": "MOSTLY_Q4_K_M",
-           "q4_0": "MOSTLY_Q4_0", "q3_k_m": "MOSTLY_Q3_K_M", "q2_k": "MOSTLY_Q2_K"}
+RECIPES = {"q8_0": "MOSTLY_Q8_0", "q6_k": "MOSTLY_Q6_K", "q5_k_m": "MOSTLY_Q5_K_M", "q5_1": "MOSTLY_Q5_1",
+           "q5_0": "MOSTLY_Q5_0", "q4_k_m": "MOSTLY_Q4_K_M", "q4_1": "MOSTLY_Q4_1", "q4_0": "MOSTLY_Q4_0",
+           "q3_k_m": "MOSTLY_Q3_K_M", "q2_k": "MOSTLY_Q2_K"}
 
 
 def llama_quantize(src: str | Path, dst: str | Path, recipe: str, threads: int | None = None) -> Path:
     """`llama-quantize src dst RECIPE` through llama.cpp's own API (the mixed k-quant recipes such as Q4_K_M
-    are llama.cpp's per-tensor choices; nothing here re-implements them). The caller writes dst atomically."""
+    are llama.cpp's per-tensor choices; nothing here re-implements them). A quantized src is requantized, as
+    `llama-quantize --allow-requantize` does. The caller writes dst atomically."""
     import llama_cpp
 
     recipe = recipe.lower()
@@ -157,6 +159,7 @@ def llama_quantize(src: str | Path, dst: str | Path, recipe: str, threads: int |
     p = llama_cpp.llama_model_quantize_default_params()
     p.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{RECIPES[recipe]}")
     p.nthread = threads or os.cpu_count() or 1
+    p.allow_requantize = True   # a shipped quantized file is a user's only source; an F16 one is unaffected
     from river_edge.tokenizer import quiet_llama_logs
 
     with quiet_llama_logs():

@@ -166,6 +166,32 @@ def test_eval_runs_and_resumes(tiny_llama, data, tmp_path, monkeypatch):
     assert len(res.read_text().splitlines()) == 8
 
 
+def test_plain_configs_are_the_files_bench_compares(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
+    """eval's q8_0 is the file bench's tables call q8_0 (llama-quantize of the backbone, beside the river GGUF);
+    of a GGUF without a river, llama-quantize of the file itself (this Q4_1 one requantized), in the cache. A
+    results row of a plain config made by the older recipe is run again; the other rows are kept."""
+    from gguf import GGMLQuantizationType as T
+
+    from river_edge.gguf_tools.reader import open_gguf
+    from river_edge.measure import files as BF
+
+    monkeypatch.setenv("RIVER_EDGE_CACHE", str(tmp_path / "cache"))
+    assert BF.plain_of(tiny_llama, "q8_0") == BF.prepare_files(tiny_llama, plain=("q8_0",))[0]["q8_0"]
+    q8 = BF.plain_of(tiny_llama_base, "q8_0")
+    assert q8.parent == tmp_path / "cache" / "plain"
+    assert {t.tensor_type for t in open_gguf(q8).tensors if t.name.startswith("blk.") and t.name.endswith("_q.weight")} == {T.Q8_0}
+    res = tmp_path / "r.jsonl"
+    E.run(tiny_llama, "gsm8k", limit=1, configs=["backbone", "q8_0"], max_tokens=4, data=data, results=res)
+    rows = E.read_results(res)
+    assert [r.get("plain") for r in rows] == [None, BF.PLAIN_SOURCE]
+    old = {k: v for k, v in rows[1].items() if k != "plain"} | {"completion": "older"}
+    res.write_text(json.dumps(rows[0]) + "\n" + json.dumps(old) + "\n")
+    s = E.run(tiny_llama, "gsm8k", limit=1, configs=["backbone", "q8_0"], max_tokens=4, data=data, results=res)
+    again = E.read_results(res)
+    assert len(again) == 3 and again[2]["plain"] == BF.PLAIN_SOURCE and again[2]["completion"] == rows[1]["completion"]
+    assert s["configs"]["q8_0"]["n"] == 1 and s["plain_source"] == BF.PLAIN_SOURCE
+
+
 def test_results_json_keeps_its_rows_and_a_cut_last_line_reruns(tiny_llama, data, tmp_path):
     """--results r.json: the summary goes to r.summary.json (it overwrote the rows); a last line cut short by an
     interrupted run is that problem run again."""

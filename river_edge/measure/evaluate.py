@@ -11,14 +11,13 @@ Configurations (names in `configs`):
   river          the GGUF's own (calibrated) thresholds
   tau=X          one threshold X for every layer
   exact, gated, fast   the decoding modes of river_edge/runtime/spec.py (fast = all river)
-  q4_0, q8_0, ...      plain quantization of the backbone (gguf_tools.convert.plain), cached
+  q8_0, q4_k_m, q4_0, ...   llama-quantize recipes of the backbone: the files `river bench` compares (files.py)
 A GGUF without a river has only the backbone and plain quantizations.
 
 The problems, prompts and scoring are in tasks.py.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.measure.files import PLAIN_SOURCE
 from river_edge.measure.harness import parse_configs
 from river_edge.measure.tasks import MAX_TOKENS, PROMPT_VERSION, TASKS, load_problems, read_jsonl, score
 
@@ -45,7 +45,7 @@ def default_configs(has_river: bool) -> list[str]:
 def _plain_types() -> tuple[str, ...]:
     from river_edge.gguf_tools import quant
 
-    return tuple(quant.TYPES)
+    return tuple(quant.RECIPES)
 
 
 def check_configs(configs: Sequence[str], has_river: bool) -> list[str]:
@@ -56,40 +56,12 @@ def check_configs(configs: Sequence[str], has_river: bool) -> list[str]:
     return out
 
 
-def plain_path(model: Path, qtype: str, cache: Path | None = None) -> Path:
-    """Where the plain `qtype` quantization of `model` is cached (keyed by the model file's identity)."""
-    from river_edge import zoo
-
-    st = model.stat()
-    key = hashlib.sha256(f"{model.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return (cache or zoo.cache_dir() / "plain") / f"{model.stem}.{key}.{qtype}.gguf"
-
-
-def ensure_plain(model: Path, qtype: str, progress: Progress | None = None, cache: Path | None = None) -> Path:
-    from river_edge.gguf_tools.convert import plain
-
-    dst = plain_path(model, qtype, cache)
-    if dst.is_file():
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    from river_edge.gguf_tools.writer import temp_beside
-
-    tmp = temp_beside(dst, ".gguf")
-    try:
-        say = progress or (lambda *a: None)
-        plain(model, tmp, qtype, lambda done, total, what: say(f"quantizing to {qtype}", done, total))
-        os.replace(tmp, dst)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return dst
-
-
-def load_config(model: Path, config: str, *, threads: int | None, n_ctx: int, progress: Progress | None = None,
-                cache: Path | None = None):
+def load_config(model: Path, config: str, *, threads: int | None, n_ctx: int, progress: Progress | None = None):
     from river_edge.chat import load
+    from river_edge.measure.files import plain_of   # bench's files: one meaning of "q8_0" in every table
 
     if config in _plain_types():
-        return load(ensure_plain(model, config, progress, cache), threads=threads, n_ctx=n_ctx)
+        return load(plain_of(model, config, progress), threads=threads, n_ctx=n_ctx)
     if config == "backbone":
         return load(model, river=False, threads=threads, n_ctx=n_ctx)
     if config == "river":
@@ -154,7 +126,7 @@ class Settings:
 def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequence[str] | None = None,
         max_tokens: int | None = None, threads: int | None = None, data: str | os.PathLike | None = None,
         results: str | Path | None = None, fresh: bool = False, timeout: float = 10.0, n_ctx: int = 2048,
-        progress: Progress | None = None, cache: Path | None = None) -> dict:
+        progress: Progress | None = None) -> dict:
     """Evaluate `model` on `task`; returns summarize()'s dict (also the JSON `river eval` writes)."""
     from river_edge.runtime.llama import _has_river_tensors
 
@@ -182,6 +154,8 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         if r.get("settings") != settings.key():
             raise RiverError(f"{results}: holds results of other settings ({r.get('settings')}); use --fresh "
                              "to start over or --results for another file")
+        if r["config"] in _plain_types() and r.get("plain") != PLAIN_SOURCE:
+            continue   # a plain file of an older recipe (ggml per tensor, before llama-quantize's): rerun
         done[(r["config"], r["id"])] = r
     say = progress or (lambda *a: None)
     todo = [(p, c) for p in problems for c in configs if (c, p.id) not in done]
@@ -191,7 +165,7 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
             for c in configs:
                 if any(cc == c for _, cc in todo):
                     say(f"loading {c}", 0, 0)
-                    models[c] = load_config(model, c, threads=threads, n_ctx=n_ctx, progress=progress, cache=cache)
+                    models[c] = load_config(model, c, threads=threads, n_ctx=n_ctx, progress=progress)
         total = len(problems) * len(configs)
         count = total - len(todo)
         if results.is_file() and (size := results.stat().st_size):   # drop a line an interrupted run cut short
@@ -206,7 +180,8 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
                 g = generate(models[c], p.prompt, max_tokens)
                 ok, got = score(task, p, g["completion"], timeout)
                 row = {"settings": settings.key(), "config": c, "id": p.id, "correct": bool(ok), "answer": got,
-                       "reference": p.reference if task != "humaneval" else None, **g}
+                       "reference": p.reference if task != "humaneval" else None, **g,
+                       **({"plain": PLAIN_SOURCE} if c in _plain_types() else {})}
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 done[(c, p.id)] = row
@@ -237,7 +212,8 @@ def summarize(rows: list[dict], configs: Sequence[str], *, settings: Settings, n
               threads: int | None, results: str, n_problems: int) -> dict:
     out = {"task": settings.task, "model": settings.model, "max_tokens": settings.max_tokens,
            "greedy": True, "prompt_version": settings.prompt_version, "threads": threads,
-           "n_layer": n_layer, "problems": n_problems, "results": results, "configs": {}}
+           "n_layer": n_layer, "problems": n_problems, "results": results, "plain_source": PLAIN_SOURCE,
+           "configs": {}}
     base_tok_s = None
     for c in configs:
         rs = [r for r in rows if r["config"] == c]

@@ -14,6 +14,7 @@ from river_edge.progress import Progress, no_progress
 
 
 PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
+PLAIN_SOURCE = "llama-quantize of the backbone"   # what every report means by a plain file (plain_of)
 
 
 def resolve_river(model: str | os.PathLike | None, progress: Progress | None = None) -> Path:
@@ -50,13 +51,14 @@ def source_model(info: dict) -> str | None:
 
 def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
     """dst made from src, cached: reused while newer than its source; written atomically. `mode`: a
-    llama-quantize recipe (plain files: what a user makes from the F16 backbone), else convert.plain's."""
+    llama-quantize recipe (plain files: what a user makes from the F16 backbone), or "backbone"."""
     from river_edge.gguf_tools.convert import plain
     from river_edge.gguf_tools.quant import RECIPES, llama_quantize
     from river_edge.gguf_tools.writer import temp_beside
 
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_beside(dst, ".gguf")   # a killed run's file is removed by the next one
     try:
         progress(f"writing {dst.name}", 0, 1)
@@ -100,7 +102,7 @@ def prepare_files(river_path: Path, progress: Progress | None = None, plain: Seq
     notes = {
         "source_model": source,
         "source_file": str(base) if base else None,
-        "quant_source": "llama-quantize of the backbone",
+        "quant_source": PLAIN_SOURCE,
         "backbone_type": info.get("backbone_type") or "source",
         "river_type": info.get("river_type"),
         "architecture": info["architecture"],
@@ -110,6 +112,23 @@ def prepare_files(river_path: Path, progress: Progress | None = None, plain: Seq
         "file_bytes": {k: v.stat().st_size for k, v in files.items()},
     }
     return files, notes
+
+
+def plain_of(model: Path, recipe: str, progress: Progress | None = None) -> Path:
+    """The plain `recipe` file of `model`, the one every table means by that name: for a river GGUF the file
+    prepare_files writes beside it (llama-quantize of its backbone); for another GGUF, llama-quantize of the
+    file itself (a quantized one requantized), cached under the cache folder by the file's identity."""
+    import hashlib
+
+    from river_edge.gguf_tools.inspect import inspect_gguf
+
+    model = Path(model)
+    if inspect_gguf(model)["river"]:
+        return prepare_files(model, progress, plain=(recipe,))[0][recipe]
+    st = model.stat()
+    key = hashlib.sha256(f"{model.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return _derive(model, zoo.cache_dir() / "plain" / f"{model.stem}.{key}.plain.{recipe}.gguf", recipe,
+                   progress or no_progress)
 
 
 def weights_note(notes: dict) -> str:

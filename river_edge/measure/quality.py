@@ -6,7 +6,7 @@ K/V of earlier tokens count (the online figure, not calibration's clean one). Te
 calibration: GSM8K test_dev question + worked answer and HumanEval prompt + canonical solution, raw, BOS
 first. Configurations:
   backbone        the river GGUF with the river off (the reference distribution)
-  q4_0 ... q8_0   plain quantization of the base model (files beside the river GGUF)
+  q4_0 ... q8_0   llama-quantize recipes of the backbone (bench's plain files, beside the river GGUF)
   river           the paper's rule at the GGUF's calibrated thresholds
   river:lagged    the same rule decided on the previous token's scores (no sync inside a step)
   tau=X           the rule with one threshold X for every layer (the paper's knob)
