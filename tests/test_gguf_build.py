@@ -88,6 +88,26 @@ def test_river_is_ggml_quantization_of_the_backbone(fixture, request):
         assert np.array_equal(f32(t), dequantize(mine, T.Q4_0))
 
 
+def test_reader_reads_every_field_as_gguf_py_does(tiny_llama_base, tmp_path):
+    """open_gguf reads arrays in one pass (gguf-py's element-by-element walk took seconds on a large vocabulary):
+    every field, value and type reads as through the stock reader, strings byte for byte."""
+    from river_edge.gguf_tools.reader import open_gguf, raw_value
+
+    odd = {"test.empty": ([], V.ARRAY, V.INT32), "test.empty_strs": ([], V.ARRAY, V.STRING),
+           "test.strs": (["", "\u00e9\u4e2d", "a b"], V.ARRAY, V.STRING), "test.f64s": ([1e300, -2.0], V.ARRAY, V.FLOAT64),
+           "test.bools": ([True, False], V.ARRAY, V.BOOL), "test.u8": ([0, 255], V.ARRAY, V.UINT8)}
+    src = rewrite(tiny_llama_base, tmp_path / "odd.gguf", keys=odd)
+    ours, stock = open_gguf(src), GGUFReader(src)
+    assert list(ours.fields) == list(stock.fields) and "tokenizer.ggml.tokens" in ours.fields
+    for k, f in stock.fields.items():
+        if not k.startswith("GGUF."):
+            g = ours.fields[k]
+            assert (raw_value(g), g.types, g.contents()) == (raw_value(f), f.types, f.contents()), k
+            assert value(ours, k) == value(stock, k), k
+    assert [(t.name, t.tensor_type, t.data_offset) for t in ours.tensors] == \
+        [(t.name, t.tensor_type, t.data_offset) for t in stock.tensors]
+
+
 def test_odd_keys_survive(tiny_llama_base, tmp_path):
     odd = {"test.empty": ([], V.ARRAY, V.INT32), "test.empty_str": ("", V.STRING), "test.bytes": ("\u00e9\u4e2d", V.STRING),
            "test.f64": (1e300, V.FLOAT64), "test.i8": (-3, V.INT8)}
