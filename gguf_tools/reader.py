@@ -112,8 +112,11 @@ def _check_lengths(p: Path) -> None:
                 st, n = u32(f"key {key}"), u64(f"key {key}")
                 if st == _V.STRING:
                     need(n * 8, f"key {key} ({n} strings)")
-                    for _ in range(n):
-                        take(u64(f"key {key}"), f"key {key}")
+                    for _ in range(n):   # inline: a vocabulary is 10^5 strings
+                        end = pos + 8 + int.from_bytes(m[pos:pos + 8], "little") if pos + 8 <= size else size + 1
+                        if end > size:
+                            need(end - pos, f"key {key}")
+                        pos = end
                 elif st in _FIXED:
                     take(n * _FIXED[st], f"key {key} ({n} elements)")
                 else:
