@@ -30,8 +30,8 @@ def _typed(r, key: str, *allowed: tuple[GGUFValueType, ...]):
     return value(r, key)
 
 
-# The stored types the loader reads (patches/0002: u32 version; f32 thresholds; u32 or i32 min exit layer) and
-# the gated mode (f32 gate): validate() and the runtime's gate read keys through _typed with these.
+# The stored types the loader reads (patches/0002: u32 version; f32 thresholds; u32 or i32 min exit layer; f32
+# gate, kept for the gated mode): validate() reads keys through _typed with these.
 KEY_TYPES = {
     F.KEY_VERSION: [(GGUFValueType.UINT32,)],
     F.KEY_THRESHOLDS: [(GGUFValueType.ARRAY, GGUFValueType.FLOAT32)],
@@ -56,12 +56,6 @@ def _key_problems(r, n_layer: int) -> list[str]:
         except RiverError as e:
             out.append(str(e))
     return out
-
-
-def stored_gate(path: str | Path) -> float | None:
-    """The file's gated-mode gate (river.gate_entropy), checked as validate() checks it; None when absent."""
-    v = _typed(open_gguf(path), F.KEY_GATE, *KEY_TYPES[F.KEY_GATE])
-    return None if v is None else F.check_gate(v, F.KEY_GATE)
 
 
 def n_layer_of(r, arch) -> int | None:

@@ -38,7 +38,7 @@ BAD_KEYS = {
     "gate nan": {F.KEY_GATE: (math.nan, V.FLOAT32)},
     "gate -1": {F.KEY_GATE: (-1.0, V.FLOAT32)},
     "gate as string": {F.KEY_GATE: ("abc", V.STRING)},
-    "gate as a numeric string": {F.KEY_GATE: ("0.5", V.STRING)},   # the runtime reads the gate as validate() does
+    "gate as a numeric string": {F.KEY_GATE: ("0.5", V.STRING)},   # the loader reads the gate as validate() does
     "gate as u32": {F.KEY_GATE: (1, V.UINT32)},
 }
 GOOD_KEYS = {
@@ -71,6 +71,10 @@ def test_good_keys_accepted_by_both(case, tiny_llama, tmp_path):
         th = GOOD_KEYS[case].get(F.KEY_THRESHOLDS)
         if th:
             assert llm.thresholds == th[0]
+        from river_edge.runtime.spec import DEFAULT_GATE
+
+        g = GOOD_KEYS[case].get(F.KEY_GATE)   # as the loader read it (llama_model_river_gate)
+        assert llm.gate == (g[0] if g else DEFAULT_GATE)
 
 
 @needs_runtime

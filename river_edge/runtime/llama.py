@@ -23,6 +23,7 @@ _c = ctypes
 _API = {
     "llama_model_has_river": ([_c.c_void_p], _c.c_bool),
     "llama_model_tensor_buft": ([_c.c_void_p, _c.c_char_p], _c.c_char_p),
+    "llama_model_river_gate": ([_c.c_void_p], _c.c_float),
     "llama_river_set_enabled": ([_c.c_void_p, _c.c_bool], None),
     "llama_river_get_enabled": ([_c.c_void_p], _c.c_bool),
     "llama_river_set_thresholds": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
@@ -44,7 +45,7 @@ _API = {
 def _lib():
     """The river C API of the loaded llama.cpp, or None for a stock (unpatched) build."""
     lib = llama_cpp.llama_cpp._lib
-    if not hasattr(lib, "llama_model_tensor_buft"):  # the newest symbol: an older patched build counts as stock
+    if not hasattr(lib, "llama_model_river_gate"):  # the newest symbol: an older patched build counts as stock
         return None
     for name, (args, res) in _API.items():
         f = getattr(lib, name)

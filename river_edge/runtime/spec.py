@@ -57,6 +57,7 @@ stops early after a draft whose top-1 probability is below DRAFT_STOP (that draf
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -131,13 +132,10 @@ class Spec:
 
     # -- mode ------------------------------------------------------------------------------------
     def stored_gate(self) -> float:
-        from river_edge.gguf_tools.inspect import stored_gate   # validate()'s reading: an f32 key, its rule
-
-        try:
-            v = stored_gate(self.llm.model_path)
-        except RiverError as e:
-            raise RiverError(f"{self.llm.model_path}: {e}") from None
-        return DEFAULT_GATE if v is None else v
+        """river.gate_entropy as the loader read it (an f32 key under validate()'s rule, or the file is refused)."""
+        llm = self.llm
+        v = llm._river.llama_model_river_gate(llm._model.model) if llm.has_river else math.nan
+        return DEFAULT_GATE if math.isnan(v) else v
 
     @property
     def mode(self) -> str:
