@@ -155,3 +155,43 @@ def test_drafting_stops_after_an_unsure_draft(tiny_llama):
         lens[stop] = [len(conf) for conf, _, _ in ex._spec.draft_log]
     assert {n for n in lens[1.01] if n} == {1}          # cycles at k = 0 (the acceptance fell) log no draft
     assert max(lens[None]) > 1
+
+
+def test_cost_models_are_per_loading_and_a_probe_cut_by_the_context_is_not_kept(tiny_llama):
+    """The cost model (and its tie bounds, which exactness relies on) is keyed by everything that changes a
+    batch's arithmetic or cost: flash attention here. A first request at the end of the context measures fewer
+    batch sizes: that curve serves it alone, and a later request measures the whole one."""
+    from river_edge.runtime import costs
+
+    a, b = _llm(tiny_llama, "exact", flash_attn=False), _llm(tiny_llama, "exact", flash_attn=True)
+    assert a._spec._key() != b._spec._key()
+    costs._COSTS.clear()
+    n_ctx = a._n_ctx
+    a.create_completion([1] + [(i * 7) % 250 + 3 for i in range(n_ctx - 4)], max_tokens=3, temperature=0)
+    assert costs.cached(a._spec._key()) is None          # measured only 3 positions deep: not kept
+    a.create_completion("hello world", max_tokens=4, temperature=0)
+    cm = costs.cached(a._spec._key())
+    assert cm is not None and len(cm.verify_s) == a._spec.kmax + 2
+    assert costs.cached(b._spec._key()) is None          # not shared with the flash-attention loading
+
+
+def test_a_river_llama_is_freed_with_its_last_reference(tiny_llama, tiny_llama_base):
+    """No reference cycle (the mode machinery holds its model weakly): the weights and KV cache go when the
+    last reference does, without a gc pass, as a stock Llama's do; close() frees a draft model it loaded."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        m = _llm(tiny_llama, "exact")
+        m.create_completion("hi", max_tokens=4, temperature=0)
+        w = weakref.ref(m)
+        del m
+        assert w() is None
+    finally:
+        gc.enable()
+    m = _llm(tiny_llama, "exact", drafter=str(tiny_llama_base))
+    dm = m._spec.draft_model
+    assert dm is not None and dm.llm._stack._exit_callbacks
+    m.close()
+    assert m._spec.draft_model is None and not dm.llm._stack._exit_callbacks

@@ -359,6 +359,79 @@ def test_exact_after_a_lossy_mode_is_the_backbone(model, before):
         assert lossy != _gen(ref, PROMPTS[1])   # the test can fail: fast mode writes other tokens
 
 
+def test_a_prompt_cache_state_of_another_mode_is_not_reused(model):
+    """llama-cpp-python's prompt cache (set_cache) saved a fast-mode state: exact and backbone mode must decode
+    the prompt afresh rather than load river K/V (they did: the cache bypassed the KV contract)."""
+    import llama_cpp
+
+    p = "the quick brown fox jumps over the lazy dog and then"
+    want = _llm(model, "backbone").create_completion(p + " again", max_tokens=20, temperature=0)["choices"][0]["text"]
+    llm = _llm(model, "fast")
+    llm.set_cache(llama_cpp.LlamaRAMCache())
+    for mode in ("exact", "backbone"):
+        llm.mode = "fast"
+        lossy = llm.create_completion(p, max_tokens=20, temperature=0)["choices"][0]["text"]
+        llm.mode = mode
+        llm._spec.fixed_k = 3
+        assert llm.create_completion(p + " again", max_tokens=20, temperature=0)["choices"][0]["text"] == want, mode
+    llm.mode = "fast"   # a state of its own contract is still loaded
+    assert llm.create_completion(p, max_tokens=20, temperature=0)["choices"][0]["text"] == lossy
+
+
+def test_backbone_after_an_exact_run_cut_after_a_draft_is_exact(model):
+    """An exact run cut right after an accepted draft leaves the context's logits at a verify row, not at the
+    last token: llama-cpp-python's generate, handed the same tokens back (backbone mode, or a request exact
+    mode falls back on), must decode again rather than sample from them."""
+    p = PROMPTS[0]
+    full = _gen(_llm(model, "backbone"), p, n=60)
+    llm, hits = _llm(model, "backbone"), 0
+    for cut in range(2, 40):
+        llm.mode = "backbone"
+        _gen(llm, [1, 2, 3], n=2)          # a decode through llama-cpp-python's own path
+        llm.mode = "exact"
+        llm._spec.fixed_k = 4
+        out = _gen(llm, p, n=cut)
+        assert out == full[:cut]
+        if llm.n_tokens == len(p) + cut:   # the whole output is in the cache: an exact prompt-cache hit next
+            hits += 1
+            llm.mode = "backbone"
+            assert _gen(llm, p + out, n=5) == full[cut:cut + 5], cut
+    assert hits > 0
+
+
+def test_seeded_sampling_in_exact_mode_repeats(model):
+    """The same seed, the same text, request after request (as llama.cpp's sampler gives in the other modes)."""
+    llm = _llm(model, "exact")
+    llm._spec.fixed_k = 3
+    outs = [llm.create_completion("hello world", max_tokens=24, temperature=1.0, seed=42)["choices"][0]["text"]
+            for _ in range(3)]
+    assert outs[1] == outs[0] and outs[2] == outs[0] and llm.stats()["drafted"] > 0
+    other = llm.create_completion("hello world", max_tokens=24, temperature=1.0, seed=43)["choices"][0]["text"]
+    assert other != outs[0]   # the seed is used at all
+
+
+def test_gated_with_logprobs_falls_back_and_says_so(model):
+    """Gated mode never fills the logits of every position: with logits_all it decodes on the backbone, so the
+    logprobs are real ones, and stats() says why; a later call without them is gated again."""
+    ref = _llm(model, "backbone", logits_all=True)
+    llm = _llm(model, "gated", logits_all=True)
+    got = llm.create_completion("hello world", max_tokens=4, temperature=0, logprobs=2)["choices"][0]["logprobs"]
+    want = ref.create_completion("hello world", max_tokens=4, temperature=0, logprobs=2)["choices"][0]["logprobs"]
+    assert got["token_logprobs"] == pytest.approx(want["token_logprobs"], abs=1e-4)
+    assert "logits_all" in llm.stats()["spec_off"]
+    ex = _llm(model, "exact")
+    _gen(ex, PROMPTS[0], n=4, grammar=llama_grammar())
+    assert ex.stats()["spec_off"] == "grammar"
+    _gen(ex, PROMPTS[0], n=4)
+    assert ex.stats()["spec_off"] is None    # this call speculated
+
+
+def llama_grammar():
+    from llama_cpp import LlamaGrammar
+
+    return LlamaGrammar.from_string('root ::= [a-z ]+', verbose=False)
+
+
 def test_changing_thresholds_drops_the_cache(model):
     a = _llm(model, "river", thresholds=0.0, min_exit_layer=1)
     want = _gen(a, PROMPTS[0])

@@ -16,7 +16,7 @@ import numpy as np
 
 from river_edge.runtime.drafters import FREE
 
-_COSTS: dict[tuple, "CostModel"] = {}   # per process: (model path, threads, batch threads, head) -> costs
+_COSTS: dict[tuple, "CostModel"] = {}   # per process: Spec._key() (file, how it is loaded, head) -> costs
 # a verification batch whose logits depart from one-token decoding by more than this (in logits) is not
 # chosen: its near-ties (within 4x the departure) would be settled by one-token decodes so often that it cannot pay
 ROUNDING = 0.1
@@ -96,7 +96,8 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     the forced exit to the backbone."""
     key = spec._key()
     L = spec.llm.n_layer
-    n_max = min(spec.kmax + 1, spec.llm._n_ctx - pos, spec.llm.n_batch)
+    n_full = min(spec.kmax + 1, spec.llm.n_batch)
+    n_max = min(n_full, spec.llm._n_ctx - pos)
 
     def t(fn, reps):
         out = []
@@ -136,5 +137,7 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     # a top-2 margin within this of a tie may flip between the batch and a one-token decode: such
     # positions are settled by a one-token decode (x4 headroom over what this probe saw)
     ties = [4.0 * d for d in dev]
-    cm = _COSTS[key] = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties)
+    cm = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties)
+    if n_max == n_full:   # a probe cut short by the end of the context serves its request only
+        _COSTS[key] = cm
     return cm

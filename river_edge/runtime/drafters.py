@@ -114,6 +114,9 @@ class DraftModel:
                              f"({self.llm._n_vocab} vs {main._n_vocab} tokens)")
         self.toks: list[int] = []      # what its cache holds, position by position
 
+    def close(self) -> None:
+        self.llm.close()
+
     def _decode(self, toks: list[int], pos: int) -> np.ndarray:
         m = self.llm
         m._batch.set_batch(batch=toks, n_past=pos, logits_all=False)

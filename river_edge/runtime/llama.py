@@ -130,6 +130,7 @@ class RiverLlama(llama_cpp.Llama):
                  **kwargs):
         path = Path(model_path)
         self._decide = decide   # checked in __new__, before the Llama exists
+        self._extra_bufts, self._rpc_servers = bool(extra_bufts), kwargs.get("rpc_servers")
         self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
         from river_edge.tokenizer import quiet_llama_logs
@@ -227,6 +228,30 @@ class RiverLlama(llama_cpp.Llama):
     def generate(self, tokens, **kw):
         self._sync_cache()
         return self._spec.generate(tokens, super().generate, kw)
+
+    def set_seed(self, seed: int) -> None:
+        super().set_seed(seed)
+        self._spec._rng_seed = None   # exact mode's sampling starts its stream again, as llama.cpp's sampler does
+
+    # A saved state (llama-cpp-python's prompt caches: set_cache) carries the contract its K/V were written under;
+    # one from another (river K/V under exact mode) is not loaded, and the prompt is decoded afresh.
+    def save_state(self):
+        self._sync_cache()
+        state = super().save_state()
+        state.river_contract = self._cache_contract
+        return state
+
+    def load_state(self, state) -> None:
+        self._sync_cache()
+        if getattr(state, "river_contract", None) != self._cache_contract:
+            return
+        super().load_state(state)
+
+    def close(self) -> None:
+        spec = getattr(self, "_spec", None)
+        if spec is not None:
+            spec.close_draft()
+        super().close()
 
     def stats(self) -> dict:
         """Telemetry of the decoding mode since it was set: tokens, tok/s, acceptance rate, mean draft

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -115,7 +116,8 @@ class Spec:
     """The mode machinery of one RiverLlama."""
 
     def __init__(self, llm, mode: str | None, gate: float | None, kmax: int = KMAX):
-        self.llm = llm
+        # weakly: llm._spec -> Spec -> llm would keep the weights and KV cache alive until a full gc pass
+        self._llm = weakref.ref(llm)
         self.kmax = int(kmax)
         self._mode = "river" if llm.has_river else "backbone"
         self.gate = F.check_gate(gate) if gate is not None else self.stored_gate()
@@ -129,6 +131,10 @@ class Spec:
         self.draft_log: list | None = None
         self.draft_stop: float | None = DRAFT_STOP   # None: draft the cost model's k whatever the confidence
         self.mode = mode if mode is not None else self._mode
+
+    @property
+    def llm(self):
+        return self._llm()
 
     # -- mode ------------------------------------------------------------------------------------
     def stored_gate(self) -> float:
@@ -168,7 +174,16 @@ class Spec:
         name, dm = resolve(d, self.llm)
         if name in ("river", "river+ngram") and not self.llm.has_river:
             raise RiverError(f"drafter {name!r} needs a river GGUF; {self.llm.model_path} has no river tensors")
+        if dm is not self.draft_model:
+            self.close_draft()
         self.drafter_name, self.draft_model = name, dm
+        self._owns_draft = dm is not None and dm is not d   # loaded here from a path: closed here
+
+    def close_draft(self) -> None:
+        """Free a draft model this Spec loaded (one passed in as a DraftModel is its owner's to close)."""
+        if self.draft_model is not None and getattr(self, "_owns_draft", False):
+            self.draft_model.close()
+        self.draft_model, self._owns_draft = None, False
 
     def _source(self, name: str) -> str:
         """The cost model's and the acceptance's name of a draft source."""
@@ -197,7 +212,7 @@ class Spec:
             if cm is not None:
                 d["cost_model"] = cm.as_dict()
         if s.mode == "gated":
-            d.update(gate_entropy=self.gate, fallbacks=s.fallbacks,
+            d.update(gate_entropy=self.gate, fallbacks=s.fallbacks, spec_off=s.spec_off,
                      fallback_rate=s.fallbacks / s.river_steps if s.river_steps else 0.0)
         d.update(s.extra)
         return d
@@ -207,10 +222,14 @@ class Spec:
 
     # -- low level -------------------------------------------------------------------------------
     def _key(self):
+        """The cost model's key: what changes a step's cost or a batch row's arithmetic (its tie bound), so that
+        two models of one file loaded differently never share one; and which head drafts."""
         llm = self.llm
-        # the draft step's cost depends on which head drafts
-        return (str(llm.model_path), llm.context_params.n_threads, llm.context_params.n_threads_batch,
-                llm.has_river and llm.river_head)
+        cp, mp = llm.context_params, llm.model_params
+        setup = tuple(getattr(cp, f) for f in ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "type_k",
+                                              "type_v", "flash_attn_type", "offload_kqv", "op_offload", "swa_full"))
+        setup += tuple(getattr(mp, f) for f in ("n_gpu_layers", "split_mode", "main_gpu"))
+        return (str(llm.model_path), setup, llm._extra_bufts, llm._rpc_servers, llm.has_river and llm.river_head)
 
     def _decode(self, toks, pos: int, all_logits: bool) -> np.ndarray:
         """Decode toks at pos.. (seq 0) and return the logits rows (a view: copy before the next decode)."""
@@ -244,13 +263,12 @@ class Spec:
         mode = self._mode
         if mode not in ("exact", "gated") or not len(tokens):
             return self._timed(base_generate(tokens, **kw))
-        if mode == "exact":
-            why = self.unsupported(kw)
-            if why:
-                self.st.spec_off = why
-                return self._timed(base_generate(tokens, **kw))
-            return self._timed(self._exact(list(tokens), kw))
-        return self._timed(gated(self, list(tokens), kw))
+        # exact: what the loop cannot sample exactly; gated: it never fills the logits of every position
+        why = self.unsupported(kw) if mode == "exact" else ("logits_all (logprobs)" if self.llm._logits_all else None)
+        self.st.spec_off = why   # this call's: a later call that does speculate clears it
+        if why:
+            return self._timed(base_generate(tokens, **kw))
+        return self._timed(self._exact(list(tokens), kw) if mode == "exact" else gated(self, list(tokens), kw))
 
     def _timed(self, gen):
         st = self.st
@@ -269,6 +287,9 @@ class Spec:
         prefix reused up to the last prompt token, the rest by Llama.eval in n_batch chunks. Returns the
         logits of the last prompt position (a copy); llm.n_tokens is then the first free position."""
         llm = self.llm
+        # the context's last logits will be whichever row this loop decoded last (a rejected draft's, say), not
+        # the last token's: llama-cpp-python's generate must not sample from them on an exact prompt-cache hit
+        llm._requires_eval = True
         keep = 0
         if reset and llm.n_tokens > 0:
             for a, b in zip(llm._input_ids, tokens[:-1]):
@@ -294,7 +315,8 @@ class Spec:
         return np.array(row)
 
     def _rng(self) -> np.random.Generator:
-        """One random stream per seed: a new generate() call continues it (set_seed starts a new one)."""
+        """One random stream per seed, started again by every set_seed (RiverLlama.set_seed): a request with a
+        seed samples the same text each time, as llama.cpp's sampler does in the other modes."""
         seed = self.llm._seed
         if getattr(self, "_rng_seed", None) != seed:
             self._rng_seed, self._rng_gen = seed, np.random.default_rng(seed)
