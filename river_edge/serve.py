@@ -3,7 +3,8 @@
 One model, every decoding mode: a request names `NAME` (the server's mode) or `NAME:MODE`
 (`NAME:exact`, `NAME:river`, ...), and `/v1/models` lists them all. Requests run one at a time (the
 app's lock), each under its own mode; RiverLlama drops KV cells another mode wrote, so a lossy request
-never leaks into an exact one. A bad model name is a 400 before anything runs, streaming included.
+never leaks into an exact one. A bad model name (on any route), a request for logprobs (the model is loaded
+without logits_all) or for more than one choice is a 400 before anything runs, streaming included.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .format import RiverError
 from river_edge.runtime.spec import MODES
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
+COPILOT = "copilot-codex"   # the model name the app passes for its Copilot route: the server's default mode
 
 
 def _deps():
@@ -36,7 +38,7 @@ class RiverProxy:
 
     def resolve(self, model: str | None) -> str:
         """The mode a request's model field asks for; RiverError naming the problem otherwise."""
-        if model is None or model == self.name:
+        if model is None or model == self.name or model == COPILOT:
             return self.default
         name, sep, mode = model.partition(":")
         if name != self.name or not sep:
@@ -58,15 +60,31 @@ class RiverProxy:
         self.llm.close()
 
 
+def refused(body: dict, path: str, proxy: RiverProxy) -> str | None:
+    """Why a request cannot be served as asked, or None. Raises nothing: the reason becomes a 400."""
+    try:
+        proxy.resolve(body.get("model"))
+    except RiverError as e:
+        return str(e)
+    if path in ROUTES:
+        if (body.get("logprobs") not in (None, False) or body.get("top_logprobs")) and not proxy.llm._logits_all:
+            return "logprobs are not served: the model is loaded without logits_all (every mode would pay for them)"
+        n = body.get("n")
+        if n is not None and n != 1:
+            return f"n = {n}: this server answers one choice per request"
+    return None
+
+
 class CheckModel:
-    """ASGI middleware: a completion request whose `model` the proxy cannot resolve gets a 400 with the
-    reason, before the app starts (a streamed response could no longer change its status)."""
+    """ASGI middleware: a request that refused() turns down (a `model` the proxy cannot resolve, on any route;
+    logprobs; n > 1) gets a 400 with the reason, before the app starts (a streamed response could no longer
+    change its status)."""
 
     def __init__(self, app, proxy: RiverProxy):
         self.app, self.proxy = app, proxy
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in ROUTES:
+        if scope["type"] != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         chunks, more = [], True
         while more:
@@ -75,12 +93,11 @@ class CheckModel:
             more = msg.get("more_body", False)
         body = b"".join(chunks)
         try:
-            model = json.loads(body or b"{}").get("model")
-            self.proxy.resolve(model)
-        except RiverError as e:
-            return await _error(send, 400, str(e))
+            why = refused(json.loads(body or b"{}"), scope.get("path"), self.proxy)
         except (ValueError, AttributeError):
-            pass   # not JSON: the app answers that itself
+            why = None   # not a JSON object: the app answers that itself
+        if why:
+            return await _error(send, 400, why)
 
         replayed = False
 

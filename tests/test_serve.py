@@ -94,3 +94,39 @@ def test_bad_model_names_are_400s(server, model, fragment):
         with pytest.raises(openai.BadRequestError) as e:
             server.chat.completions.create(model=model, messages=MSGS, max_tokens=4, stream=stream)
         assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize("kw, fragment", [(dict(logprobs=True, top_logprobs=2), "logprobs are not served"),
+                                          (dict(n=3), "n = 3")])
+def test_what_the_server_cannot_answer_is_a_400_not_a_500(server, kw, fragment):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.chat.completions.create(model="tiny:exact", messages=MSGS, max_tokens=4, **kw)
+    assert fragment in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        server.completions.create(model="tiny", prompt="the cat", max_tokens=4, **({"logprobs": 2} if "logprobs" in kw else kw))
+    assert fragment in str(e.value)
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_every_route_checks_the_model_and_copilot_gets_the_default_mode(server):
+    base = str(server.base_url).removesuffix("/").removesuffix("/v1")
+    code, r = _post(f"{base}/extras/tokenize", {"model": "other", "input": "hi"})
+    assert code == 400 and "unknown model 'other'" in r["error"]["message"]
+    code, r = _post(f"{base}/extras/tokenize", {"model": "tiny:fast", "input": "hi"})
+    assert code == 200 and r["tokens"]
+    code, r = _post(f"{base}/v1/engines/copilot-codex/completions", {"prompt": "the cat", "max_tokens": 16,
+                                                                      "temperature": 0})
+    b = server.completions.create(model="tiny:exact", prompt="the cat", max_tokens=16, temperature=0)
+    assert code == 200 and r["choices"][0]["text"] == b.choices[0].text
