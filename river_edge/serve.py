@@ -62,8 +62,11 @@ class RiverProxy:
 
 def refused(body: dict, path: str, proxy: RiverProxy) -> str | None:
     """Why a request cannot be served as asked, or None. Raises nothing: the reason becomes a 400."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        return f"model must be a string, not {model!r}"
     try:
-        proxy.resolve(body.get("model"))
+        proxy.resolve(model)
     except RiverError as e:
         return str(e)
     if path in ROUTES:
@@ -93,10 +96,12 @@ class CheckModel:
             more = msg.get("more_body", False)
         body = b"".join(chunks)
         try:
-            why = refused(json.loads(body or b"{}"), scope.get("path"), self.proxy)
-        except (ValueError, AttributeError):
-            why = None   # not a JSON object: the app answers that itself
-        if why:
+            req = json.loads(body or b"{}")
+        except ValueError as e:
+            return await _error(send, 400, f"the request body is not JSON ({e})")
+        if not isinstance(req, dict):
+            return await _error(send, 400, "the request body is not a JSON object")
+        if why := refused(req, scope.get("path"), self.proxy):
             return await _error(send, 400, why)
 
         replayed = False
@@ -127,6 +132,7 @@ def create_app(model: Path, *, name: str | None = None, mode: str | None = None,
     name = name or Path(model).name.removesuffix(".gguf")
     llm = RiverLlama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, **river_kw)
     mode = mode or ("exact" if llm.has_river else "backbone")
+    llm.mode = mode   # a mode the file cannot run fails here, as in chat: "needs a river GGUF"
     proxy = RiverProxy(llm, name, mode)
     proxy.resolve(f"{name}:{mode}")   # a bad default mode fails here, not at the first request
     settings = ModelSettings(model=str(model), model_alias=name, n_ctx=n_ctx)
@@ -143,9 +149,35 @@ def create_app(model: Path, *, name: str | None = None, mode: str | None = None,
     return app, proxy
 
 
+def listen(host: str, port: int):
+    """The server's socket, bound and listening: a taken port or an unknown host is a RiverError here, before
+    anything claims to be serving."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise RiverError(f"cannot serve on {host}:{port}: {e.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise RiverError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
 def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, say=print, **kw) -> None:
     import uvicorn
 
-    app, proxy = create_app(model, **kw)
-    say(f"serving {model} on http://{host}:{port}/v1 as {proxy.name} (default mode {proxy.default}); Ctrl-C stops")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    sock = listen(host, port)   # before the model loads: a taken port fails at once
+    try:
+        app, proxy = create_app(model, **kw)
+        say(f"serving {model} on http://{host}:{port}/v1 as {proxy.name} (default mode {proxy.default}); "
+            "Ctrl-C stops")
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    finally:
+        sock.close()

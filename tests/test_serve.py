@@ -107,12 +107,13 @@ def test_what_the_server_cannot_answer_is_a_400_not_a_500(server, kw, fragment):
     assert fragment in str(e.value)
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
+def _post(url: str, body) -> tuple[int, dict]:
     import json
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -130,3 +131,22 @@ def test_every_route_checks_the_model_and_copilot_gets_the_default_mode(server):
                                                                       "temperature": 0})
     b = server.completions.create(model="tiny:exact", prompt="the cat", max_tokens=16, temperature=0)
     assert code == 200 and r["choices"][0]["text"] == b.choices[0].text
+
+
+@pytest.mark.parametrize("body, fragment", [(b"{bad", "not JSON"), (b"[1, 2]", "not a JSON object"),
+                                            (b'{"model": 5, "prompt": "x"}', "model must be a string")])
+def test_a_malformed_body_is_a_400(server, body, fragment):
+    base = str(server.base_url).removesuffix("/").removesuffix("/v1")
+    code, r = _post(f"{base}/v1/completions", body)
+    assert code == 400 and fragment in r["error"]["message"]
+
+
+def test_a_taken_port_is_one_line_before_serving(tiny_llama):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "river_edge.cli.main", "serve", str(tiny_llama), "--port", str(port)],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "cannot serve on 127.0.0.1" in r.stderr and "serving" not in r.stderr
