@@ -1,8 +1,8 @@
 """Every measurement behind docs/results.md, and that page's generated section.
 
-    python bench/results.py run       # all steps not yet done (resumable), then the report
-    python bench/results.py run --limit 3 --out /tmp/smoke   # a smoke run: tiny sizes, minutes
-    python bench/results.py report    # only regenerate docs/results.md + plots from bench/results/*.json
+    .venv/bin/python bench/results.py run       # all steps not yet done (resumable), then the report
+    .venv/bin/python bench/results.py run --limit 3 --out /tmp/smoke   # a smoke run: tiny sizes, minutes
+    .venv/bin/python bench/results.py report    # only regenerate docs/results.md + plots from bench/results/*.json
 
 `make results` runs the first. Each step writes one JSON into bench/results/ and is skipped when that file
 exists (`--redo STEP` runs it again); the accuracy evaluation also resumes per problem (JSONL in

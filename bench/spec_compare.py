@@ -6,7 +6,7 @@
   draft-model    classic speculative decoding: a smaller model of the same tokenizer drafts k tokens
                  greedily (its own KV cache, prefix reused), llama-cpp-python verifies
 
-    python bench/spec_compare.py --river ~/.cache/river-edge/rivers/qwen2.5-coder-1.5b.river.gguf \
+    .venv/bin/python bench/spec_compare.py --river ~/.cache/river-edge/rivers/qwen2.5-coder-1.5b.river.gguf \
         --draft ~/.cache/river-edge/models/qwen2.5-coder-0.5b.gguf --name qwen2.5-coder-1.5b
 
 One process, every configuration on the same prompt in a rotating order each round; ratios are medians over
