@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from river_edge import __version__, zoo
+from river_edge import __version__, format as F, zoo
 from river_edge.format import RiverError
 
 app = typer.Typer(
@@ -179,16 +179,20 @@ ModelArg = Annotated[Optional[str], typer.Argument(
     metavar="MODEL", show_default=False,
     help="A GGUF (river or plain), or a prepared model's name. Default: the SmolLM2-135M-Instruct river "
          "GGUF, built once into the cache.")]
-Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, show_default="llama.cpp's",
-                                                help="CPU threads.")]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, max=F.MAX_THREADS,
+                                                show_default="llama.cpp's", help="CPU threads.")]
+Ctx = Annotated[int, typer.Option("--ctx", min=64, max=F.MAX_CTX, help="Context length in tokens.")]
 
 
 def base_for(model: str, output: Path, bars) -> Path:
-    """The base GGUF of MODEL (a path, or a zoo name prepared on first use); never the output's own file."""
+    """The base GGUF of MODEL (a path, or a zoo name prepared on first use); never the output's own file, and an
+    output a write may replace (writer.check_output)."""
     from river_edge.defaults import resolve_base
+    from river_edge.gguf_tools.writer import check_output
 
     if same_path(Path(model), output):   # before anything is downloaded
         fail(f"{output}: the output would overwrite the input; choose another path")
+    check_output(output)
     src = resolve_base(model, bars)
     if same_path(src, output):
         fail(f"{output}: the output would overwrite the input; choose another path")

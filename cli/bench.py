@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from river_edge import format as F
 from river_edge.format import RiverError
 
 from .app import CacheDir, GpuLayers, command, finite, in_cache
@@ -21,7 +22,7 @@ def bench(
         metavar="MODEL", show_default=False,
         help="A river GGUF, or a model name from `river models` (its calibrated river GGUF is built once into "
              "the cache). Default: the SmolLM2-135M-Instruct river GGUF.")] = None,
-    threads: Annotated[int, typer.Option("--threads", "-t", min=1, help="CPU threads (decode and prefill).")] = 2,
+    threads: Annotated[int, typer.Option("--threads", "-t", min=1, max=F.MAX_THREADS, help="CPU threads (decode and prefill).")] = 2,
     tokens: Annotated[Optional[int], typer.Option(
         "--tokens", "-n", min=2, show_default="48 (64 with --mode); 12 with --quick", help="Greedy decode tokens per prompt.")] = None,
     rounds: Annotated[Optional[int], typer.Option(

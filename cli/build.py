@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from river_edge import format as F
+from river_edge.calibration.target import MAX_PROMPTS, MAX_TOKENS
 
 from .app import CacheDir, base_for, command, fail, finite, in_cache, same_path
 from .progress import Bars
@@ -52,12 +53,12 @@ Prompts = Annotated[Optional[Path], typer.Option(
     help='Calibration prompts: JSON lines with a "prompt" field, or plain text, one prompt per line. '
          "Default: the packaged set (GSM8K train and code).")]
 NPrompts = Annotated[int, typer.Option(
-    "--n-prompts", min=2, rich_help_panel=CAL, help="Prompts used; half fit the thresholds, half test them.")]
+    "--n-prompts", min=2, max=MAX_PROMPTS, rich_help_panel=CAL, help="Prompts used; half fit the thresholds, half test them.")]
 DecodeTokens = Annotated[int, typer.Option(
-    "--decode-tokens", min=1, rich_help_panel=CAL,
+    "--decode-tokens", min=1, max=MAX_TOKENS, rich_help_panel=CAL,
     help="Greedy decode tokens per prompt whose exit signals the thresholds are fitted on.")]
 OnlineTokens = Annotated[int, typer.Option(
-    "--online-tokens", min=1, rich_help_panel=CAL,
+    "--online-tokens", min=1, max=MAX_TOKENS, rich_help_panel=CAL,
     help="Tokens per prompt of the online checks (the rule writing its own K/V): the fit is tightened "
          "until it meets the target over this length, and reported on unseen prompts at it.")]
 RuleOpt = Annotated[Rule, typer.Option(
@@ -176,9 +177,10 @@ def calibrate(
     from river_edge.calibration.report import calibrate_file
     from river_edge.gguf_tools.inspect import check
 
+    from river_edge.gguf_tools.writer import check_output
+
     check(river_gguf, require_river=True)  # before loading torch and the model
-    if not out.parent.is_dir():
-        fail(f"{out}: folder {out.parent} does not exist")
+    check_output(out)
     with Bars() as bars:
         summary = calibrate_file(river_gguf, out, target, settings, bars)
     report_calibration(summary, out)

@@ -7,7 +7,7 @@ import typer
 
 from river_edge import format as F
 
-from .app import CacheDir, Decide, GpuLayers, Mode, ModelArg, Threads, command, fail, in_cache, model_path, rule
+from .app import CacheDir, Ctx, Decide, GpuLayers, Mode, ModelArg, Threads, command, fail, in_cache, model_path, rule
 from .progress import Bars
 
 
@@ -40,7 +40,7 @@ def chat(
         "--color-depth", help="Colour each token by the backbone depth of the step that made it (legend shown).")] = False,
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy).")] = 0.2,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
-    ctx: Annotated[int, typer.Option("--ctx", min=64, help="Context length in tokens.")] = 4096,
+    ctx: Ctx = 4096,
     decide: Annotated[Optional[Decide], typer.Option(
         "--decide", case_sensitive=False, show_default="sync",
         help="River mode's exit decision: sync (the paper's rule, a read-back per checked layer) or lagged (the "

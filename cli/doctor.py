@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from river_edge import format as F
+
 from .app import command, existing
 
 
@@ -14,7 +16,7 @@ def doctor(
     model: Annotated[Optional[str], typer.Argument(metavar="[MODEL]", show_default=False,
                                                    help="A GGUF or a prepared model's name: also show where "
                                                         "ggml placed its weights.")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="Threads to load with.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, max=F.MAX_THREADS, help="Threads to load with.")] = None,
 ):
     """Versions, runtime build, CPU and ISA, devices, and the buffer types of a model's weights."""
     from river_edge.doctor import report

@@ -5,6 +5,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from river_edge import format as F
+
 from .app import command
 
 
@@ -14,7 +16,7 @@ def rpc_server(
     host: Annotated[str, typer.Option(help="Address to listen on. The protocol has no authentication: "
                                            "keep 127.0.0.1 unless the network is trusted.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 50052,
-    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="CPU threads to compute with.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, max=F.MAX_THREADS, help="CPU threads to compute with.")] = None,
 ):
     """Serve this machine's CPU to RPC clients (llama.cpp's rpc-server) until stopped."""
     from river_edge.runtime.rpc import parse_endpoints, serve

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import CacheDir, Mode, ModelArg, Threads, command, in_cache, model_path
+from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, in_cache, model_path
 from .progress import Bars
 
 
@@ -21,7 +21,7 @@ def serve(
     name: Annotated[Optional[str], typer.Option("--name", show_default="the file's name without .gguf",
                                                 help="Model name clients use.")] = None,
     threads: Threads = None,
-    ctx: Annotated[int, typer.Option("--ctx", min=64, help="Context length in tokens.")] = 4096,
+    ctx: Ctx = 4096,
     cache_dir: CacheDir = None,
 ):
     """OpenAI-compatible server (llama-cpp-python's own app) over a river GGUF, every mode per request.

@@ -71,6 +71,7 @@ def temp_beside(dst: str | Path, suffix: str = ".part") -> Path:
     (a killed build leaves hundreds of MB) are removed first, a live concurrent writer's are left alone.
     """
     dst = Path(dst)
+    check_output(dst)
     # ours for dst: .NAME.PID.*SUFFIX, and ..NAME.PID.* (a writer of that temporary file through its own one:
     # a calibrated build writes the uncalibrated river first)
     mine = [*dst.parent.glob(f".{glob.escape(dst.name)}.*{glob.escape(suffix)}"),
@@ -97,13 +98,21 @@ def temp_beside(dst: str | Path, suffix: str = ".part") -> Path:
     return Path(tmp)
 
 
+def publish(tmp: Path, dst: Path) -> None:
+    """Rename a finished temporary file over dst, with an ordinary file's mode (mkstemp makes it 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, dst)
+
+
 def write_text(dst: str | Path, text: str) -> Path:
     """`text` into `dst` through temp_beside and a rename: a reader never sees half a report."""
     dst = Path(dst)
     tmp = temp_beside(dst, ".tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, dst)
+        publish(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
     return dst
@@ -137,10 +146,7 @@ def write(dst: Path, arch: str, kv: list[tuple], tensors: list[Tensor], progress
             if progress:
                 progress(i + 1, len(tensors), t.name)
         w.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the result is an ordinary file
-        os.replace(tmp, dst)
+        publish(tmp, dst)
     except OSError as e:
         raise RiverError(f"{dst}: cannot write ({e.strerror or e})") from None
     finally:
@@ -148,11 +154,22 @@ def write(dst: Path, arch: str, kv: list[tuple], tensors: list[Tensor], progress
             os.unlink(tmp)
 
 
+def check_output(dst: str | Path) -> Path:
+    """An output path a write may rename over: absent or a regular file, in a folder that exists. A folder is
+    refused, and so is a device: the rename would replace /dev/null itself. Commands check it before working."""
+    dst = Path(dst)
+    if dst.exists() and not dst.is_file():
+        kind = "a folder" if dst.is_dir() else "not a regular file"
+        raise RiverError(f"{dst}: {kind}; choose another output path")
+    if not dst.parent.is_dir():
+        raise RiverError(f"{dst}: folder {dst.parent} does not exist")
+    return dst
+
+
 def check_dst(src: Path, dst: Path, same_ok: bool) -> None:
     if not same_ok and src.exists() and dst.exists() and os.path.samefile(src, dst):  # symlinks, hard links too
         raise RiverError(f"{dst}: the output would overwrite the input; choose another path")
-    if not dst.parent.is_dir():
-        raise RiverError(f"{dst}: folder {dst.parent} does not exist")
+    check_output(dst)
 
 
 def copy(src: str | Path, dst: str | Path, keys: dict | None = None, tensors: dict | None = None,

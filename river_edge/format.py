@@ -122,6 +122,19 @@ def check_decide(v) -> str:
     return v
 
 
+# Loading limits, checked before llama.cpp sees a value: its context length is 32-bit (2^32 wraps to a tiny
+# context that then aborts) and sizes arrays up front; ggml runs at most GGML_MAX_N_THREADS threads.
+MAX_CTX = 1 << 20
+MAX_THREADS = 512
+
+
+def check_count(v, what: str, lo: int, hi: int) -> int:
+    """A whole number in lo..hi (numpy integers too); RiverError naming `what` otherwise."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
+        raise RiverError(f"{what} {v!r}: a whole number in {lo}..{hi}")
+    return int(v)
+
+
 def check_gate(v, what: str = "gate") -> float:
     """The gated mode's entropy gate, in nats: >= 0 (0: always the backbone), or inf (never)."""
     x = _number(v, what)

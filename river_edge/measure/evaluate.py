@@ -144,6 +144,10 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
     results = Path(results) if results is not None else default_results(model, task)
     settings = Settings(task, model.name, model.stat().st_size, max_tokens)
     results.parent.mkdir(parents=True, exist_ok=True)
+    from river_edge.gguf_tools.writer import check_output
+
+    for p in (results, summary_path(results)):   # before any plain file is made or problem answered
+        check_output(p)
     for p in (results, summary_path(results)):
         if p.exists() and os.path.samefile(p, model):
             raise RiverError(f"{p}: that is the model being evaluated; choose another --results")

@@ -54,7 +54,7 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
     llama-quantize recipe (plain files: what a user makes from the F16 backbone), or "backbone"."""
     from river_edge.gguf_tools.convert import plain
     from river_edge.gguf_tools.quant import RECIPES, llama_quantize
-    from river_edge.gguf_tools.writer import temp_beside
+    from river_edge.gguf_tools.writer import publish, temp_beside
 
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
@@ -66,7 +66,7 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
             llama_quantize(src, tmp, mode)
         else:
             plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total))
-        os.replace(tmp, dst)
+        publish(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
     return dst

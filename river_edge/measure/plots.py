@@ -22,15 +22,13 @@ def _plt():
 
 def save(fig, path: str | Path) -> Path:
     """The figure as a PNG at `path`, through a temporary file and a rename (a reader never sees half of it)."""
-    import os
-
-    from river_edge.gguf_tools.writer import temp_beside
+    from river_edge.gguf_tools.writer import publish, temp_beside
 
     path = Path(path)
     tmp = temp_beside(path, ".png")
     try:
         fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
+        publish(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path

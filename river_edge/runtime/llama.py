@@ -111,6 +111,9 @@ class RiverLlama(llama_cpp.Llama):
         if not path.is_file():
             raise RiverError(f"{path}: no such file")
         F.check_decide(kwargs.get("decide", "sync"))
+        F.check_count(kwargs.get("n_ctx", 512), "n_ctx", 0, F.MAX_CTX)   # 0: the model's training context
+        for k in [k for k in ("n_threads", "n_threads_batch") if kwargs.get(k) is not None]:
+            F.check_count(kwargs[k], k, 1, F.MAX_THREADS)
         if _lib() is None and _has_river_tensors(path):
             raise RiverError(f"{path} is a river GGUF: it needs river-edge's patched llama-cpp-python "
                              "(run `make setup`); this one is stock")
@@ -233,8 +236,7 @@ class RiverLlama(llama_cpp.Llama):
         super().set_seed(seed)
         self._spec._rng_seed = None   # exact mode's sampling starts its stream again, as llama.cpp's sampler does
 
-    # A saved state (llama-cpp-python's prompt caches: set_cache) carries the contract its K/V were written under;
-    # one from another (river K/V under exact mode) is not loaded, and the prompt is decoded afresh.
+    # A saved state (set_cache's prompt caches) carries its K/V's contract; another's is not loaded (decoded afresh)
     def save_state(self):
         self._sync_cache()
         state = super().save_state()
@@ -243,14 +245,12 @@ class RiverLlama(llama_cpp.Llama):
 
     def load_state(self, state) -> None:
         self._sync_cache()
-        if getattr(state, "river_contract", None) != self._cache_contract:
-            return
-        super().load_state(state)
+        if getattr(state, "river_contract", None) == self._cache_contract:
+            super().load_state(state)
 
     def close(self) -> None:
-        spec = getattr(self, "_spec", None)
-        if spec is not None:
-            spec.close_draft()
+        if getattr(self, "_spec", None) is not None:
+            self._spec.close_draft()
         super().close()
 
     def stats(self) -> dict:
