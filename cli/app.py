@@ -101,9 +101,13 @@ def rule(check):
 
 
 def existing(name: str) -> str:
-    """A path as given; a prepared zoo model's name stands for its file (nothing is downloaded)."""
-    if not Path(name).expanduser().exists() and name in zoo.MODELS and zoo.is_prepared(name):
-        return str(zoo.model_path(name))
+    """A path as given; a prepared zoo model's name stands for its file (nothing is downloaded). A model name that
+    is not prepared is a RiverError saying how to prepare it, not "file not found"."""
+    if not Path(name).expanduser().exists() and name in zoo.MODELS:
+        if zoo.is_prepared(name):
+            return str(zoo.model_path(name))
+        raise RiverError(f"{name}: a model of `river models` that is not prepared here; "
+                         f"`river models prepare {name}` downloads it")
     return name
 
 
@@ -162,12 +166,15 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 
 def model_path(model: Optional[str], bars) -> Path:
-    """MODEL as given (a GGUF, or a prepared zoo model's name); None: the default river GGUF (built once)."""
-    if model is None:
-        from river_edge.defaults import default_river
+    """MODEL as given (a GGUF), or a zoo model's name: its river GGUF, as `river bench` takes it (built and calibrated
+    into the cache once); None: the default model's."""
+    from river_edge.defaults import default_river
 
+    if model is None:
         return default_river(bars)
-    path = Path(existing(model)).expanduser()
+    if not Path(model).expanduser().exists() and model in zoo.MODELS:
+        return default_river(bars, model=model)
+    path = Path(model).expanduser()
     if not path.is_file():
         raise RiverError(f"{model}: no such file" + (" (a folder)" if path.is_dir() else ""))
     return path
@@ -177,8 +184,8 @@ Mode = Enum("Mode", {m: m for m in ("exact", "gated", "river", "fast", "backbone
 Decide = Enum("Decide", {d: d for d in ("sync", "lagged")}, type=str)  # format.DECISIONS
 ModelArg = Annotated[Optional[str], typer.Argument(
     metavar="MODEL", show_default=False,
-    help="A GGUF (river or plain), or a prepared model's name. Default: the SmolLM2-135M-Instruct river "
-         "GGUF, built once into the cache.")]
+    help="A GGUF (river or plain), or a model name from `river models`: its river GGUF, built and calibrated "
+         "into the cache once. Default: SmolLM2-135M-Instruct's.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, max=F.MAX_THREADS,
                                                 show_default="llama.cpp's", help="CPU threads.")]
 Ctx = Annotated[int, typer.Option("--ctx", min=64, max=F.MAX_CTX, help="Context length in tokens.")]

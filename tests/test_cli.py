@@ -350,6 +350,7 @@ FAILURES = [  # exit 1: one line on stderr
     (["convert", "{river}", "-o", "{adir}", "--to", "q8_0"], "a folder"),
     (["inspect", "{text}"], "not a GGUF file"),
     (["inspect", "{missing}"], "file not found"),
+    (["inspect", "gemma3-270m"], "not prepared here; `river models prepare gemma3-270m`"),
     (["validate", "{gemma}"], "unsupported architecture"),
     (["validate", "{missing}"], "file not found"),
     (["convert", "{missing}", "-o", "{out}", "--to", "q8_0"], "no such file or model"),
@@ -400,6 +401,18 @@ def test_usage_errors_exit_2(runner, files, args):
     r = run(runner, *[a.format(**files) for a in args], code=2)
     assert "Usage: river" in r.stderr and "river: error" not in r.stderr
     assert not files["out"].exists()
+
+
+def test_a_model_name_means_its_river_gguf_everywhere(runner, monkeypatch, tiny_llama):
+    """chat, serve and eval take a model name as bench does: its river GGUF (built once), not the plain file."""
+    asked = []
+
+    def river(progress=None, model=zoo.DEFAULT_MODEL):
+        asked.append(model)
+        return Path(tiny_llama)
+    monkeypatch.setattr(D, "default_river", river)
+    r = run(runner, "chat", "qwen2.5-coder-0.5b", "-p", "hi", "-n", "2", "--mode", "exact", "--ctx", "64")
+    assert asked == ["qwen2.5-coder-0.5b"] and "exact" in r.output
 
 
 def test_ctrl_c_exits_130_quietly_and_cleans_up(runner, monkeypatch, tiny_llama_base, tmp_path):
