@@ -55,6 +55,10 @@ def test_gsm8k_extraction():
     assert T.last_number("The total is $1,234.50.") == "1234.5"
     assert T.last_number("It is 18.00 dollars") == "18"
     assert T.last_number("no digits here") is None
+    # the prompt's placeholder echoed (two published rows were scored 160 for 260), and a boxed answer
+    assert T.last_number("#### N = 160 + 80 + 20 = 260\n\\boxed{260}") == "260"
+    assert T.last_number("#### 18.\nbecause 3 = 4") == "18"
+    assert T.last_number("so \\boxed{10}, at 5:00 PM") == "10"
     assert T.gsm8k_correct("so the answer is 7.", "7") == (True, "7")
     assert T.gsm8k_correct("so the answer is 8.", "7")[0] is False
 

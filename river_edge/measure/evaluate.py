@@ -154,12 +154,16 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
     if fresh:
         results.unlink(missing_ok=True)
     done = {}
+    by_id = {p.id: p for p in problems}
     for r in read_results(results):
         if r.get("settings") != settings.key():
             raise RiverError(f"{results}: holds results of other settings ({r.get('settings')}); use --fresh "
                              "to start over or --results for another file")
         if r["config"] in _plain_types() and r.get("plain") != PLAIN_SOURCE:
             continue   # a plain file of an older recipe (ggml per tensor, before llama-quantize's): rerun
+        if task != "humaneval" and r["id"] in by_id:   # answers re-read by today's extraction (cheap, no code runs)
+            ok, got = score(task, by_id[r["id"]], r["completion"], timeout)
+            r = {**r, "correct": bool(ok), "answer": got}
         done[(r["config"], r["id"])] = r
     say = progress or (lambda *a: None)
     todo = [(p, c) for p in problems for c in configs if (c, p.id) not in done]

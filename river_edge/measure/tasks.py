@@ -129,11 +129,17 @@ def gsm8k_reference(answer: str) -> str:
 
 
 def last_number(text: str) -> str | None:
-    """The model's answer: the number after the last '####' if any, else the last number in the text."""
+    """The model's answer: on the line after the last '####', the first number (after its last '=' when the line
+    is an equation: models echo the prompt's placeholder, '#### N = 160 + 80 + 20 = 260'); else the last
+    \\boxed{} answer; else the last number in the text."""
     if "####" in text:
-        m = _NUM.search(text.rsplit("####", 1)[-1])
+        line = text.rsplit("####", 1)[-1].lstrip().split("\n", 1)[0]
+        m = _NUM.search(line.rsplit("=", 1)[-1]) or _NUM.search(line)
         if m:
             return _plain_number(m.group())
+    boxed = last_boxed(text)
+    if boxed and (m := _NUM.search(boxed)):
+        return _plain_number(m.group())
     nums = _NUM.findall(text)
     return _plain_number(nums[-1]) if nums else None
 
