@@ -47,10 +47,14 @@ def headline(out: Path) -> list[str]:
             lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
             mem = (d.get("memory") or {}).get("peak_mib")
             name = {"backbone": backbone, "shipped": "the shipped file"}.get(c, c)
+            # the backbone's own file (river_edge.measure.files: the backbone alone), not the river GGUF it ran from
+            mib = (m.get("notes") or {}).get("file_bytes", {}).get("plain-f16", 0) / 2**20 \
+                if c == "backbone" else 0
+            mib = mib or d["file_mib"]
             rows.append(f"| {label} | {name} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) | "
                         f"{dash(_vs(m, c, 'shipped'), '{:.2f}x')} | {dash(_vs(m, c, 'q8_0'), '{:.2f}x')} | "
                         f"{d['identical_runs']}/{d['runs']} | "
-                        f"{d['file_mib']:.0f} | {dash(mem, '{:.0f}')} |")
+                        f"{mib:.0f} | {dash(mem, '{:.0f}')} |")
     if not by_host:
         return []
     out_lines = ["Greedy decoding; every configuration alternates in one process on the same chat prompts; median over "
@@ -58,7 +62,8 @@ def headline(out: Path) -> list[str]:
                  "backbone's. The offline models ship quantized and the backbone is their F16 upcast, the same values "
                  "as the shipped file, so a speed-up over the backbone is not one over the file you have: that is the "
                  "next column (and *x plain Q8_0* the one after: paired medians over the same rounds and prompts). Q8_0/Q4_K_M/Q4_0 are llama-quantize of the backbone. Peak memory: a fresh process "
-                 "loading the file(s) and generating. The rows *shipped weights + river* and *Q8_0 + river* are river "
+                 "loading the file(s) and generating. *File MiB*: a backbone row's is the backbone alone (it ran from the "
+                 "river GGUF with the river off), an exact row's the river GGUF (both weight sets). The rows *shipped weights + river* and *Q8_0 + river* are river "
                  "GGUFs whose backbone is the shipped file's own tensors or Q8_0: every configuration there runs with "
                  "flash attention, under which a verification row has the bits of a one-token decode on CPU, and *same "
                  "text* compares with that backbone.", ""]

@@ -40,7 +40,7 @@ LAGGED = ("river:lagged",)   # the rule on the previous step's scores: no sync i
 CONFIGS = MODES + LAGGED + SPEC + SYNC + PLAIN
 DRAFTS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}    # the zoo's default draft model per model
 DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4, max_rounds=12, ci=0.05)
-QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1)
+QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1, memory=False)   # --quick: no memory probes
 
 
 def parse_modes(text: str) -> list[str]:
@@ -105,8 +105,8 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     def decode(c, p):
         if c in PLAIN:
             return timed_greedy(plain[c], p, tokens), {}
-        if c == "sync":
-            llm.mode, llm.thresholds = "river", 1.0   # s > 1 never holds: every layer checked, none exits
+        if c == "sync":   # the per-layer sync rule (not a lagged one a config before left set)
+            llm.mode, llm.decide, llm.thresholds = "river", "sync", 1.0   # s > 1 never holds: all checked, none exits
             try:
                 return timed_greedy(llm, p, tokens), {}
             finally:
@@ -212,7 +212,9 @@ def _memory_probe(arg: str) -> None:
         m = RiverLlama(a["path"], n_ctx=a["n_ctx"], n_threads=a["threads"], n_threads_batch=a["threads"], seed=0,
                        flash_attn=a["flash_attn"])
         mode, _, drafter = a["config"].partition(":")
-        if a["config"] not in PLAIN:
+        if a["config"] == "sync":
+            m.mode, m.thresholds = "river", 1.0   # as decode() runs it
+        elif a["config"] not in PLAIN:
             m.mode = mode
             if drafter == "lagged":
                 m.decide = "lagged"

@@ -21,7 +21,7 @@ def dash(v, f="{:.2f}"):
 def host_line(m: dict) -> str:
     """The host line every speed table carries: figures from other hosts never share a table."""
     cpu = (m.get("host") or {}).get("cpu") or {}
-    isa = [x for x in cpu.get("isa", []) if x in ("avx2", "avx512f", "amx_tile", "neon")]
+    isa = [x for x in cpu.get("isa", []) if x in ("avx2", "avx512f", "amx_tile", "asimd", "sve")]
     bt = sorted({b for f in (m.get("buffer_types") or {}).values() for kinds in f.values() for b in kinds})
     return (f"host {cpu.get('model', 'not recorded')}" + (f" ({', '.join(isa)})" if isa else "") +
             f", {m['threads']} threads, load {m['load_before']['loadavg_1_5_15'][0]}" +

@@ -43,8 +43,10 @@ def _modes(m: dict) -> list[str]:
         target = f"{m['model']}.river.gguf"
         fa += f"` after `river build {notes.get('source_model')} -o {target} --backbone {bb} --no-calibrate"
     out = [f"**Decoding modes, {m['model']}** (`river bench {target} --mode {','.join(m['configs'])}{fa}`; {m['tokens']} greedy tokens "
-           f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process; "
-           f"{host_line(m)}):", "",
+           f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process"
+           + ("" if m.get("settled", True) else
+              f", the cap on rounds reached before every interval was within +-{m.get('ci_target', 0.05):.0%}")
+           + f"; {host_line(m)}):", "",
            "| config | tok/s | x backbone (median, 95% CI) | request x backbone | peak MiB | runs identical to backbone | notes |",
            "|---|---|---|---|---|---|---|"]
     from river_edge.measure.modes import note
