@@ -23,7 +23,7 @@ def inspect(
     if as_json:
         fit = info.get("fit_summary")
         if fit:
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, TypeError):   # TypeError: a key stored as another type
                 info["fit_summary"] = json.loads(fit)
         typer.echo(json.dumps(jsonable(info), indent=1))
         return

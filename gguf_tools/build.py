@@ -116,7 +116,7 @@ def _river_kv(river: str, types: list[str], backbone: str, source_sha: str, imat
         (F.KEY_LAYER_TYPES, types, V.ARRAY, V.STRING),
         (F.KEY_BACKBONE_TYPE, backbone, V.STRING, None),
         (F.KEY_THRESHOLDS, [math.inf] * n, V.ARRAY, V.FLOAT32),
-        (F.KEY_MIN_EXIT, F.DEFAULT_MIN_EXIT_LAYER, V.UINT32, None),
+        (F.KEY_MIN_EXIT, min(F.DEFAULT_MIN_EXIT_LAYER, n - 1), V.UINT32, None),   # 0..L-1: a 1-layer model's is 0
         (F.KEY_CALIBRATED, False, V.BOOL, None),
         (F.KEY_FIT_SUMMARY, "", V.STRING, None),
         (F.KEY_SOURCE_SHA, source_sha, V.STRING, None),
@@ -144,7 +144,10 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
     arch, n_layer = arch_of(r, src)
     if any(t.name.startswith("river.") for t in r.tensors) or F.KEY_VERSION in r.fields:
         raise RiverError(f"{src}: already a river GGUF; build from the base model")
-    if (value(r, "split.count") or 1) > 1:
+    split = value(r, "split.count")
+    if split is not None and not (isinstance(split, int) and not isinstance(split, bool)):
+        raise RiverError(f"{src}: split.count {split!r} is not a whole number")
+    if (split or 1) > 1:
         raise RiverError(f"{src}: split GGUFs are not supported; merge the parts first (llama-gguf-split --merge)")
     river = river.lower()
     _layer_types(river, river, 1)  # the default type must be a river type too
@@ -164,7 +167,9 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
                 raise RiverError(f"{src}: tensor {F.backbone_tensor(i, w)} is missing")
             river_tensors.append(_river_tensor(bt, i, w, types[i], im))
     if head != "none":
-        bt = by_name[F.head_source(by_name)]
+        bt = by_name.get(F.head_source(by_name))
+        if bt is None:
+            raise RiverError(f"{src}: no LM head (neither output.weight nor token_embd.weight)")
         qt = quant.type_for_row(quant.ggml_type(head), bt.shape[0])
         if not quant.fits(qt, bt.shape[0]):
             raise RiverError(f"head type {head} cannot hold {bt.name}: rows of {bt.shape[0]} values")

@@ -210,7 +210,7 @@ def format_report(info: dict[str, Any]) -> str:
         f"{_mib(info['backbone_bytes'])}, {info['backbone_bpw']:.2f} bits/weight",
     ]
     if info["river"]:
-        lt = info["layer_types"] or []
+        lt = info["layer_types"] if isinstance(info["layer_types"], list) else []   # a bad type is a problem below
         lines.append(f"river     format {info['format_version']}, default {info['river_type']}, layers {_counts(lt)}; "
                      f"{_mib(info['river_bytes'])}, {info['river_bpw']:.2f} bits/weight"
                      + (f"; drafting head {info['river_head_type']}" if info["river_head_type"] else "; no drafting head"))
@@ -223,8 +223,9 @@ def format_report(info: dict[str, Any]) -> str:
             shown = " ".join(f"{x:.4g}" for x in th)
         lines.append(f"exit      min_exit_layer {info['min_exit_layer']}, calibrated {'yes' if info['calibrated'] else 'no'}, "
                      f"thresholds {shown}")
-        lines.append(f"made by   river-edge {info['tool_version']} from sha256 {(info['source_sha256'] or '?')[:16]}..."
-                     + (f", imatrix {info['imatrix_sha256'][:16]}..." if info["imatrix_sha256"] else ""))
+        sha, im = (x if isinstance(x, str) else repr(x) for x in (info["source_sha256"] or "?", info["imatrix_sha256"] or ""))
+        lines.append(f"made by   river-edge {info['tool_version']} from sha256 {sha[:16]}..."
+                     + (f", imatrix {im[:16]}..." if im else ""))
     else:
         lines.append("river     none (a base model)")
     lines += [f"problem   {p}" for p in info["problems"]]

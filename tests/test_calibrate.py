@@ -159,3 +159,41 @@ def test_verdict_words_follow_the_numbers():
     worse = verdict(med, dict(rule, kl=0.2), rnd)
     assert "random token selection does better (KL 0.1000 vs 0.2000)" in worse
     assert "does better" not in verdict(med, rule, rnd)   # equal KL: neither is better
+
+
+def _trace(sims, kl):
+    sims, kl = np.asarray(sims, np.float32), np.asarray(kl, np.float32)
+    return REC.Trace(sims=sims, sims_nomassive=sims, kl=kl, agree=(kl == 0).astype(np.float32),
+                     entropy=np.zeros_like(sims), prompt_of=np.zeros(len(sims), int))
+
+
+def test_a_depth_target_nothing_meets_keeps_the_shallowest_rule_not_the_backbone():
+    """The backbone meets any quality target and is the worst answer to a depth one: a depth below every rule's
+    gives the shallowest rule; online depth inflation tightens the fit as KL inflation does."""
+    rng = np.random.default_rng(0)
+    L = 6
+    sims = rng.uniform(0.5, 1.0, (40, L))
+    kl = np.tile(np.linspace(1.0, 0.0, L), (40, 1))
+    tr = _trace(sims, kl)
+    got = RULE.fit(tr, T.Target("depth", 1.0), "per-layer", 1.0)     # depth 1: exit before layer 1 (none may)
+    assert got["clean"]["depth"] == 2.0 and not np.all(np.isinf(got["thresholds"]))
+    loose = RULE.fit(tr, T.Target("depth", 4.0), "per-layer", 1.0)
+    tight = RULE.fit(tr, T.Target("depth", 4.0), "per-layer", 1.5)   # online runs 1.5x deeper than clean
+    assert loose["clean"]["depth"] <= 4.0 and tight["clean"]["depth"] <= 4.0 / 1.5 + 1e-6
+    assert RULE.fit(tr, T.Target("kl", 0.0), "per-layer", 1.0)["clean"]["depth"] == L   # quality: the backbone
+
+
+def test_calibration_settings_are_checked():
+    with pytest.raises(RiverError, match="rule"):
+        T.Settings(rule="per_layer")
+
+
+def test_the_single_rule_on_a_model_it_cannot_exit_is_the_backbone(tmp_path):
+    """Two layers: the rule may exit after none (min exit layer 1, last layer 1), so calibration writes the
+    never-exit thresholds (it crashed on an empty quantile)."""
+    from river_edge.gguf_tools import build_river, write_tiny_model
+
+    river = build_river(write_tiny_model(tmp_path / "two.gguf", "llama", n_layer=2, seed=4), tmp_path / "r.gguf")
+    s = T.Settings(n_prompts=2, decode_tokens=2, online_tokens=2, rule="single", prompts=["What is 1 plus 1?", "Hi"])
+    summary = REP.calibrate_file(river, tmp_path / "c.gguf", T.Target("kl", 0.05), s)
+    assert all(math.isinf(x) for x in summary["thresholds"])

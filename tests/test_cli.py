@@ -202,6 +202,11 @@ def test_read_prompts(tmp_path):
     (tmp_path / "d.txt").write_text("\n\n")
     with pytest.raises(RiverError, match="no prompts"):
         P.read_prompts(tmp_path / "d.txt")
+    # a byte-order mark, separators str.splitlines would cut at, a plain prompt that starts with "{"
+    (tmp_path / "f.jsonl").write_text('\ufeff{"prompt": "one\u2028two"}\n{"prompt": "x\\fy"}\n', encoding="utf-8")
+    assert P.read_prompts(tmp_path / "f.jsonl") == ["one\u2028two", "x\fy"]
+    (tmp_path / "g.txt").write_text("\ufeff{1,2,3}: list all subsets\nExplain:\x0cdef f(): pass\n", encoding="utf-8")
+    assert P.read_prompts(tmp_path / "g.txt") == ["{1,2,3}: list all subsets", "Explain:\x0cdef f(): pass"]
     (tmp_path / "e.txt").write_bytes(b"\xff\xfe\x00bad")
     with pytest.raises(RiverError, match="UTF-8"):
         P.read_prompts(tmp_path / "e.txt")

@@ -378,3 +378,28 @@ def test_validate_rejects_a_misshapen_river_head(tiny_llama, tmp_path):
     bad = rewrite(tiny_llama, tmp_path / "bad.gguf",
                   tensors={F.RIVER_HEAD: ((n_embd, n_vocab - 1), T.F32, np.zeros((n_vocab - 1, n_embd), np.float32))})
     assert any("river.output.weight has shape" in p for p in validate(bad))
+
+
+def test_bad_sources_are_one_line(tiny_llama_base, tmp_path):
+    """A 1-layer model builds a valid river (min_exit_layer 0: the only one in range; it drafts in exact mode);
+    a split.count of another type and a missing LM head are RiverErrors."""
+    from river_edge.gguf_tools.writer import DROP as GONE, copy
+
+    one = build_river(write_tiny_model(tmp_path / "one.gguf", "llama", n_layer=1, seed=3), tmp_path / "r1.gguf")
+    assert validate(one) == []
+    odd = copy(tiny_llama_base, tmp_path / "split.gguf", keys={"split.count": ("2", V.STRING)})
+    with pytest.raises(RiverError, match="split.count"):
+        build_river(odd, tmp_path / "r3.gguf")
+    headless = copy(tiny_llama_base, tmp_path / "nohead.gguf", tensors={"output.weight": GONE, "token_embd.weight": GONE})
+    with pytest.raises(RiverError, match="no LM head"):
+        build_river(headless, tmp_path / "r4.gguf")
+
+
+def test_inspect_reports_keys_of_other_types(tiny_llama, tmp_path):
+    from river_edge.gguf_tools.inspect import format_report, inspect_gguf
+    from river_edge.gguf_tools.writer import copy
+
+    odd = copy(tiny_llama, tmp_path / "odd.gguf", keys={F.KEY_LAYER_TYPES: (4, V.UINT32), F.KEY_SOURCE_SHA: (7, V.UINT32),
+                                                        F.KEY_IMATRIX_SHA: (8, V.UINT32), F.KEY_FIT_SUMMARY: (3, V.UINT32)})
+    text = format_report(inspect_gguf(odd))
+    assert "made by" in text

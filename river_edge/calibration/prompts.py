@@ -13,22 +13,30 @@ def default_prompts() -> list[str]:
     return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
 
 
+def _json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
 def read_prompts(path: str | Path) -> list[str]:
     """Calibration prompts from a file: JSON lines with a "prompt" field (.jsonl, or a first line that
     is a JSON object), else plain text with one prompt per line. Blank lines are skipped."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")   # a byte-order mark is not part of the first prompt
     except FileNotFoundError:
         raise RiverError(f"{path}: file not found") from None
     except UnicodeDecodeError:
         raise RiverError(f"{path}: not a UTF-8 text file") from None
     except OSError as e:
         raise RiverError(f"{path}: cannot read ({e.strerror or e})") from None
-    lines = [(i, ln.strip()) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    # lines end at \n only: str.splitlines would also cut at U+2028, form feeds, ... inside a prompt or a JSON string
+    lines = [(i, ln.strip()) for i, ln in enumerate(text.split("\n"), 1) if ln.strip()]
     if not lines:
         raise RiverError(f"{path}: no prompts in it")
-    if path.suffix != ".jsonl" and not lines[0][1].startswith("{"):
+    if path.suffix != ".jsonl" and not _json_object(lines[0][1]):
         return [ln for _, ln in lines]
     out = []
     for i, ln in lines:

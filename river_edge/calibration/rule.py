@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from .. import format as F
 from ..format import RiverError
 from ..reference import Policy, RiverModel
 from .record import Trace, kl_div, record
@@ -39,6 +40,8 @@ def candidates(tr: Trace, rule: str, min_exit: Sequence[int]):
         for q in qs:
             if rule == "per-layer":
                 tau = np.quantile(tr.sims, q, axis=0)
+            elif m >= L - 1:
+                return   # no layer the rule may exit after
             else:
                 tau = np.full(L, np.quantile(tr.sims[:, m:L - 1], q))
             # the format's range (no negative thresholds): a quantile below 0 becomes 0, one past 1 by rounding 1;
@@ -57,19 +60,31 @@ def fit(tr: Trace, target: Target, rule: str, inflation: float) -> dict:
     """The cheapest rule (least backbone depth) whose clean figures, with KL and disagreement scaled by
     the measured clean-to-online inflation, meet the target; for a depth target the least KL."""
     L = tr.sims.shape[1]
-    best = None
+    best = shallowest = None
     for tau, m, q in candidates(tr, rule, range(1, L - 1)):
         p = predict(tr, exits_of(tr.sims, tau, m))
-        online = dict(p, kl=p["kl"] * inflation, agreement=1 - (1 - p["agreement"]) * inflation)
+        # the clean-to-online inflation of the target's own figure (online exits run deeper or do more damage)
+        online = dict(p, kl=p["kl"] * inflation, agreement=1 - (1 - p["agreement"]) * inflation,
+                      depth=p["depth"] * inflation if target.kind == "depth" else p["depth"])
+        choice = (p["depth"], dict(thresholds=tau, min_exit_layer=m, quantile=q, clean=p))
+        shallowest = choice if shallowest is None or choice[0] < shallowest[0] else shallowest
         if not target.met(online):
             continue
         key = (p["kl"], p["depth"]) if target.kind == "depth" else (p["depth"], p["kl"])
         if best is None or key < best[0]:
-            best = (key, dict(thresholds=tau, min_exit_layer=m, quantile=q, clean=p))
+            best = (key, choice[1])
+    if best is None and target.kind == "depth" and shallowest is not None:
+        return shallowest[1]   # no rule is that shallow: the shallowest (the backbone would be the deepest)
     if best is None:  # only the backbone meets it
-        return dict(thresholds=np.full(L, np.inf, np.float32), min_exit_layer=1, quantile=1.0,
-                    clean=predict(tr, np.full(len(tr.sims), L - 1)))
+        return backbone_fit(tr)
     return best[1]
+
+
+def backbone_fit(tr: Trace) -> dict:
+    """The rule that never exits (thresholds +inf): the backbone's output."""
+    L = tr.sims.shape[1]
+    return dict(thresholds=np.full(L, np.inf, np.float32), min_exit_layer=min(F.DEFAULT_MIN_EXIT_LAYER, L - 1),
+                quantile=1.0, clean=predict(tr, np.full(len(tr.sims), L - 1)))
 
 
 # -- online evaluation ---------------------------------------------------------------------------------
@@ -174,12 +189,12 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
         if target.met(measured):
             break
         c = chosen["clean"]
-        ratio = (measured["kl"] / max(c["kl"], 1e-9)) if target.kind == "kl" else \
-                ((1 - measured["agreement"]) / max(1 - c["agreement"], 1e-9))
+        ratio = {"kl": measured["kl"] / max(c["kl"], 1e-9),
+                 "agreement": (1 - measured["agreement"]) / max(1 - c["agreement"], 1e-9),
+                 "depth": measured["depth"] / max(c["depth"], 1e-9)}[target.kind]
         inflation = max(inflation * 1.25, ratio)  # the measured clean-to-online inflation
-    if not target.met(measured):  # fall back to the backbone: it always meets a quality target
-        chosen = dict(thresholds=np.full(L, np.inf, np.float32), min_exit_layer=1, quantile=1.0,
-                      clean=predict(tr_fit, np.full(len(tr_fit.sims), L - 1)))
+    if not target.met(measured) and target.kind != "depth":   # the backbone always meets a quality target
+        chosen = backbone_fit(tr_fit)   # (a depth target keeps its shallowest try; the verdict says how far off)
 
     tau, m = chosen["thresholds"], chosen["min_exit_layer"]
     test_rule = online(model, aux_test["ref"], rule_policy(tau, m), s.batch)

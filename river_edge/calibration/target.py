@@ -45,6 +45,8 @@ class Settings:
         check_count(self.decode_tokens, "decode_tokens", 1, MAX_TOKENS)
         check_count(self.online_tokens, "online_tokens", 1, MAX_TOKENS)
         check_count(self.batch, "batch", 1, MAX_PROMPTS)
+        if self.rule not in ("per-layer", "single"):
+            raise RiverError(f"rule {self.rule!r}: use per-layer or single")
 
     def recorded(self) -> dict:
         """The settings as a fit summary stores them (the prompts themselves are not kept)."""
