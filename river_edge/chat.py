@@ -110,15 +110,15 @@ class Meter:
         return max(self.samples - 1, 0)
 
     def decode_seconds(self) -> float:
+        """From the first sampled token to the last, in every mode (the prompt's prefill is not in it)."""
         if self.passive:
-            st = self.llm.stats()
-            return float(st["seconds"] - self._s0[1])  # the mode's own clock (the first token included)
+            st = self.llm._spec.st   # the latest call's first and last token (Spec._timed)
+            return float(st.call_last - st.call_first) if st.call_tokens > 1 else 0.0
         return self.times[-1] - self.times[0] if len(self.times) > 1 else 0.0
 
     def tok_s(self) -> float:
         s = self.decode_seconds()
-        n = self.samples if self.passive else self.decode_steps()
-        return n / s if s > 0 else 0.0
+        return self.decode_steps() / s if s > 0 else 0.0
 
     def histogram(self) -> np.ndarray:
         """counts[e + 1] of decode steps that exited after layer e (the runtime's layout)."""
@@ -253,7 +253,7 @@ class Chat:
         turn = Turn(answer, tokens, meter.tok_s(), meter.depth(), seconds, finish)
         s = self.session
         s.tokens += tokens
-        s.decode_steps += meter.samples if meter.passive else meter.decode_steps()
+        s.decode_steps += meter.decode_steps()
         s.decode_seconds += meter.decode_seconds()
         s.answers += 1
         h = meter.histogram()

@@ -150,3 +150,20 @@ def test_cli_drafter(tiny_llama):
     backbone = answer("--mode", "backbone")
     assert answer("--mode", "exact", "--drafter", "ngram") == backbone
     assert answer("--mode", "exact", "--drafter", "river+ngram") == backbone
+
+
+@pytest.mark.parametrize("mode", ["backbone", "exact", "gated"])
+def test_every_mode_is_timed_from_its_first_token_to_its_last(tiny_llama, mode):
+    """The speculative modes decode in their own loop (no logits processor): their speed is still decode steps
+    over the time from the first token to the last, as for the others, not a clock that includes the prefill."""
+    from river_edge.chat import Meter
+
+    llm = load(tiny_llama, mode=mode, n_ctx=512, threads=1)
+    meter = Meter(llm)
+    long_prompt = "Count the words in this sentence please. " * 12   # a prefill that is not negligible
+    out = llm.create_completion(long_prompt, max_tokens=24, temperature=0, logits_processor=meter.processors())
+    n = out["usage"]["completion_tokens"]
+    assert meter.decode_steps() == meter.samples - 1 and meter.samples >= n
+    if meter.passive:
+        assert 0 < meter.decode_seconds() < llm.stats()["seconds"]   # the mode's clock counts the prefill too
+    assert meter.tok_s() == pytest.approx(meter.decode_steps() / meter.decode_seconds())

@@ -216,6 +216,7 @@ def test_plain_configs_are_the_files_bench_compares(tiny_llama, tiny_llama_base,
     again = E.read_results(res)
     assert len(again) == 3 and again[2]["plain"] == BF.PLAIN_SOURCE and again[2]["completion"] == rows[1]["completion"]
     assert s["configs"]["q8_0"]["n"] == 1 and s["plain_source"] == BF.PLAIN_SOURCE
+    assert s["host"]["cpu"]["model"]   # the summary names the host it ran on
 
 
 def test_results_json_keeps_its_rows_and_a_cut_last_line_reruns(tiny_llama, data, tmp_path):

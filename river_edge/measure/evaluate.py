@@ -85,7 +85,7 @@ def generate(llm, prompt: str, max_tokens: int) -> dict:
     hist = meter.histogram()
     return {"completion": ch["message"]["content"] or "", "finish": ch.get("finish_reason"),
             "tokens": int(out.get("usage", {}).get("completion_tokens", meter.samples)),
-            "decode_steps": meter.samples if meter.passive else meter.decode_steps(),
+            "decode_steps": meter.decode_steps(),   # every mode timed from its first token to its last
             "decode_s": meter.decode_seconds(), "depth": meter.depth(), "hist": hist.tolist()}
 
 
@@ -200,8 +200,10 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
             m.close()
     rows = [done[(c, p.id)] for p in problems for c in configs]
     n_layer = _n_layer(model)
-    return summarize(rows, configs, settings=settings, n_layer=n_layer, threads=threads,
-                     results=str(results), n_problems=len(problems))
+    from river_edge.measure.host import host
+
+    return {**summarize(rows, configs, settings=settings, n_layer=n_layer, threads=threads, results=str(results),
+                        n_problems=len(problems)), "host": host(threads)} 
 
 
 def _n_layer(model: Path) -> int:

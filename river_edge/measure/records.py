@@ -23,6 +23,15 @@ def host_line(m: dict) -> str:
     cpu = (m.get("host") or {}).get("cpu") or {}
     isa = [x for x in cpu.get("isa", []) if x in ("avx2", "avx512f", "amx_tile", "asimd", "sve")]
     bt = sorted({b for f in (m.get("buffer_types") or {}).values() for kinds in f.values() for b in kinds})
+    load = (m.get("load_before") or {}).get("loadavg_1_5_15")
     return (f"host {cpu.get('model', 'not recorded')}" + (f" ({', '.join(isa)})" if isa else "") +
-            f", {m['threads']} threads, load {m['load_before']['loadavg_1_5_15'][0]}" +
+            f", {m.get('threads')} threads" + (f", load {load[0]}" if load else "") +
             (f", weights in {'/'.join(bt)} buffers" if bt else ""))
+
+
+def where(m: dict) -> str:
+    """A section's host: its host line, or that its JSON predates host records (so it is compared with nothing
+    measured elsewhere)."""
+    if ((m.get("host") or {}).get("cpu") or {}).get("model"):
+        return host_line(m)
+    return "host not recorded (a run from before JSONs named their host: compare it only within this section)"

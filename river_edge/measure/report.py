@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import plots as P
 from .headline import HEADLINE, headline, other_hosts
-from .records import QWEN, QWEN15, SMOL, dash, host_line, load
+from .records import QWEN, QWEN15, SMOL, dash, host_line, load, where
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
@@ -69,7 +69,7 @@ def _quality(q: dict, modes: dict | None) -> list[str]:
     L = q["n_layer"]
     out = [f"**Distribution quality, {q['model']}** (`river_edge.measure.quality`: teacher-forced on {len(q['texts'])} "
            f"held-out texts, {q['positions']} positions, one token per decode as in generation; speed = this run's "
-           "decode tok/s over the backbone's, one configuration after another):", "",
+           f"decode tok/s over the backbone's, one configuration after another, not alternating; {where(q)}):", "",
            "| config | mean KL vs backbone | top-1 agreement | perplexity | backbone layers | speed x backbone |",
            "|---|---|---|---|---|---|"]
     for c, d in q["configs"].items():
@@ -154,7 +154,8 @@ def _eval(evals: dict[str, dict]) -> list[str]:
         return []
     first = next(iter(evals.values()))
     out = [f"**Accuracy, {first['model']}** (`river eval --task T --limit N --configs {','.join(EVAL_CONFIGS)}`; greedy, "
-           "chat template, problems interleaved across configurations so speeds come from the same run):", "",
+           f"chat template, problems interleaved across configurations so speeds come from the same run; {where(first)}):",
+           "",
            "| task (problems, max tokens) | " + " | ".join(first["configs"]) + " |",
            "|---|" + "---|" * len(first["configs"])]
     for t, e in evals.items():
@@ -169,7 +170,7 @@ def _eval(evals: dict[str, dict]) -> list[str]:
 
 def _spec_compare(s: dict) -> list[str]:
     out = [f"**Exact speed-ups on {s['model']}** (`.venv/bin/python bench/spec_compare.py`; {s['tokens']} greedy tokens x "
-           f"{s['rounds']} rounds alternating; peak memory in a fresh process):", "",
+           f"{s['rounds']} rounds alternating, no intervals; peak memory in a fresh process; {where(s)}):", "",
            "| config | tok/s | x backbone | rounds identical | peak MiB |", "|---|---|---|---|---|"]
     for c in s["ratio_median"]:
         out.append(f"| {c} | {s['tok_s_median'][c]:.1f} | {s['ratio_median'][c]:.2f} | {s['identical_rounds'][c]}/"
@@ -182,7 +183,8 @@ def _spec_compare(s: dict) -> list[str]:
 
 def _long(lr: dict, model: str) -> list[str]:
     lo, b = lr["long"], lr["batch"]
-    out = [f"**Long and batched runs, {model}** (`river_edge.measure.longrun`, figure `longrun_{model}.png`):", ""]
+    out = [f"**Long and batched runs, {model}** (`river_edge.measure.longrun`, figure `longrun_{model}.png`; "
+           f"{where(lr)}):", ""]
     for m, d in lo["modes"].items():
         out.append(f"- {lo['n_tokens']}-token generation, {m}: mean KL {d['kl_mean']:.4f} (first quarter "
                    f"{d['kl_first_quarter']:.4f}, last quarter {d['kl_last_quarter']:.4f}), top-1 {d['agreement']:.3f}, "
@@ -205,7 +207,7 @@ def _long(lr: dict, model: str) -> list[str]:
 def _runtime(r: dict) -> list[str]:
     c = r["configs"]
     pk = lambda k: dash((c[k].get("memory") or {}).get("peak_mib"), "{:.0f}")  # noqa: E731
-    return [f"Runtime benchmark, {r['model']} (`river bench {r['model']}`): backbone {c['backbone']['decode_tps']:.1f} "
+    return [f"Runtime benchmark, {r['model']} (`river bench {r['model']}`; medians without intervals; {where(r)}): backbone {c['backbone']['decode_tps']:.1f} "
             f"tok/s; calibrated rule {c['river']['decode_ratio']:.2f}x at {c['river']['mean_depth']:.1f} layers; all-river "
             f"{c['all-river']['decode_ratio']:.2f}x with the backbone's head"
             + (f", {c['fast']['decode_ratio']:.2f}x with the river's (fast)" if "fast" in c else "") +

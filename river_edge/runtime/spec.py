@@ -96,6 +96,11 @@ class Stats:
     river_steps: int = 0          # gated: positions decoded by the river first (the prompt's token is not one)
     k_sum: int = 0
     spec_off: str | None = None
+    # the latest generate() call: tokens, and the wall clock at its first and last token (river_edge.chat.Meter
+    # times every mode from the first token to the last, as its logits processor does where it can run)
+    call_tokens: int = 0
+    call_first: float = 0.0
+    call_last: float = 0.0
     extra: dict = field(default_factory=dict)
 
     def cycle(self, src: str, k: int, drafted: int, accepted: int) -> None:
@@ -272,11 +277,15 @@ class Spec:
 
     def _timed(self, gen):
         st = self.st
+        st.call_tokens = 0
         t0 = time.perf_counter()
         try:
             for tok in gen:
+                now = time.perf_counter()
                 st.tokens += 1
-                st.seconds += time.perf_counter() - t0
+                st.seconds += now - t0
+                st.call_first = now if st.call_tokens == 0 else st.call_first
+                st.call_last, st.call_tokens = now, st.call_tokens + 1
                 yield tok
                 t0 = time.perf_counter()
         finally:
