@@ -101,6 +101,8 @@ def _check_lengths(p: Path) -> None:
             return bytes(m[take(n, what):pos]).decode("utf-8", "replace")
 
         version = u32("version")
+        if version and not version & 0xFFFF:   # the version's bytes swapped: written big-endian
+            raise RiverError(f"{p}: a big-endian GGUF; llama.cpp (and river-edge) read little-endian ones")
         if version < 2:
             return  # GGUF v1 (32-bit counts): gguf-py refuses it with its own message
         n_tensors, n_kv = u64("tensor count"), u64("key count")

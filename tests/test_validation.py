@@ -172,3 +172,11 @@ def test_calibration_sizes_are_bounded():
         with pytest.raises(RiverError, match=next(iter(kw))):
             Settings(**kw)
     assert Settings(n_prompts=4).n_prompts == 4
+
+
+def test_a_big_endian_gguf_is_named_as_such(tiny_llama_base, tmp_path):
+    data = bytearray(open(tiny_llama_base, "rb").read())
+    data[4:8] = struct.pack(">I", struct.unpack("<I", data[4:8])[0])   # the version as a big-endian writer stores it
+    p = tmp_path / "be.gguf"
+    p.write_bytes(bytes(data))
+    assert "big-endian" in validate(p)[0]
