@@ -185,6 +185,8 @@ def test_eval_runs_and_resumes(tiny_llama, data, tmp_path, monkeypatch):
     # other settings in the same file: refused; --fresh starts over
     r = run(*args[:7], "7", *args[8:], code=1)
     assert "other settings" in r.stderr
+    r = run(*args, "--threads", "2", code=1)   # rows decoded with other threads (or on another CPU) are not pooled
+    assert "other settings" in r.stderr
     run(*args, "--fresh")
     assert len(res.read_text().splitlines()) == 8
 

@@ -118,6 +118,9 @@ class Settings:
     model_size: int
     max_tokens: int
     prompt_version: int = PROMPT_VERSION
+    # where the rows were decoded: a resumed run never pools speeds (or kernels' texts) of other threads or CPUs
+    threads: int | None = None
+    cpu: str = ""
 
     def key(self) -> dict:
         return asdict(self)
@@ -142,7 +145,10 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         raise RiverError(f"{task}: no problems to run")
     max_tokens = max_tokens or MAX_TOKENS[task]
     results = Path(results) if results is not None else default_results(model, task)
-    settings = Settings(task, model.name, model.stat().st_size, max_tokens)
+    from river_edge.measure.host import cpu
+
+    settings = Settings(task, model.name, model.stat().st_size, max_tokens, threads=threads,
+                        cpu=cpu().get("model", ""))
     results.parent.mkdir(parents=True, exist_ok=True)
     from river_edge.gguf_tools.writer import check_output
 
