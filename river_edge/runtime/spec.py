@@ -244,6 +244,15 @@ class Spec:
         n = len(toks) if all_logits else 1
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n, llm._n_vocab))
 
+    def _decode_threads(self, on: bool) -> None:
+        """Drafts and verification batches are decoding, so they run on the decode threads. llama.cpp gives any
+        batch of 2+ tokens n_threads_batch (meant for prefill: llama-cpp-python's default is every core); on a busy
+        machine those extra spinning threads made each verification hundreds of times slower, and the cost model
+        then never drafted again. Off: the context's own setting back, for the next prompt."""
+        llm = self.llm
+        cp = llm.context_params
+        llama_cpp.llama_set_n_threads(llm._ctx.ctx, cp.n_threads, cp.n_threads if on else cp.n_threads_batch)
+
     def _rm(self, p0: int) -> None:
         self.llm._ctx.kv_cache_seq_rm(0, p0, -1)   # sequence 0 only: the one generate() decodes
 
@@ -324,8 +333,8 @@ class Spec:
         return np.array(row)
 
     def _rng(self) -> np.random.Generator:
-        """One random stream per seed, started again by every set_seed (RiverLlama.set_seed): a request with a
-        seed samples the same text each time, as llama.cpp's sampler does in the other modes."""
+        """One random stream per seed, started again by every set_seed (RiverLlama.set_seed), as llama.cpp's sampler
+        is seeded again per request in the other modes."""
         seed = self.llm._seed
         if getattr(self, "_rng_seed", None) != seed:
             self._rng_seed, self._rng_gen = seed, np.random.default_rng(seed)
@@ -356,10 +365,11 @@ class Spec:
         if n >= n_ctx:
             return
         llm.input_ids[n] = pending
-        cm = self.costs(pending, n)
-        ngram = (NgramCache if self.drafter_name == "ngram-cache" else Ngram)(llm.input_ids[:n + 1]) \
-            if "ngram" in self.drafter_name else None
+        self._decode_threads(True)
         try:
+            cm = self.costs(pending, n)
+            ngram = (NgramCache if self.drafter_name == "ngram-cache" else Ngram)(llm.input_ids[:n + 1]) \
+                if "ngram" in self.drafter_name else None
             while n < n_ctx:
                 src, cands = self._source(self.drafter_name.split("+")[0]), None
                 if ngram is not None:
@@ -482,3 +492,4 @@ class Spec:
                     llm.input_ids[n] = pending
         finally:
             self._force(L - 1)
+            self._decode_threads(False)
