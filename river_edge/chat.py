@@ -171,6 +171,7 @@ class Turn:
     depth: float
     seconds: float
     finish: str | None = None
+    dropped: int = 0     # oldest exchanges left out because the history outgrew the context
 
 
 @dataclass
@@ -220,18 +221,26 @@ class Chat:
         meter = Meter(self.llm)
         t0 = time.perf_counter()
         pieces: list[str] = []
-        finish = None
+        finish, dropped = None, 0
+        while True:
+            try:
+                stream = self._stream(meter)
+                first = next(stream)
+                break
+            except (ValueError, RuntimeError) as e:
+                # the history, or the history and the start of the answer, no longer fit the context: forget the
+                # oldest exchange (llama-cpp-python refuses the first, its decode fails on the second)
+                full = "exceed context window" in str(e) or "llama_decode returned" in str(e)
+                if not full and isinstance(e, RuntimeError):
+                    raise
+                if not full or len(self.history) <= 1:
+                    self.history.pop()   # this message alone does not fit: not kept, the chat goes on without it
+                    raise RiverError(f"the message does not fit the context of {self.llm.n_ctx()} tokens "
+                                     f"({e}); it was not sent") from None
+                del self.history[:2]
+                dropped += 1
         try:
-            while True:
-                try:
-                    stream = self._stream(meter)
-                    first = next(stream)
-                    break
-                except ValueError as e:  # the history no longer fits the context: forget the oldest turn
-                    if "exceed context window" not in str(e) or len(self.history) <= 1:
-                        raise RiverError(f"the prompt does not fit the context ({e})") from None
-                    del self.history[:2]
-            for chunk in _chain(first, stream):
+            for chunk in _full_context_ends(_chain(first, stream)):
                 choice = chunk["choices"][0]
                 piece = choice.get("delta", {}).get("content")
                 finish = choice.get("finish_reason") or finish
@@ -250,7 +259,7 @@ class Chat:
         seconds = time.perf_counter() - t0
         steps = meter.samples
         tokens = steps - 1 if finish == "stop" and steps else steps  # the end-of-turn token is not shown
-        turn = Turn(answer, tokens, meter.tok_s(), meter.depth(), seconds, finish)
+        turn = Turn(answer, tokens, meter.tok_s(), meter.depth(), seconds, finish, dropped)
         s = self.session
         s.tokens += tokens
         s.decode_steps += meter.decode_steps()
@@ -262,8 +271,9 @@ class Chat:
 
     def turn_line(self, turn: Turn) -> str:
         river = "" if self.label() == "river on" else f" ({self.label()})"
+        gone = f"; {turn.dropped} oldest exchange(s) dropped to fit the context" if turn.dropped else ""
         return (f"[{turn.tokens} tokens, {turn.tok_s:.1f} tok/s, backbone depth "
-                f"{turn.depth:.1f}/{self.n_layer}{river}]")
+                f"{turn.depth:.1f}/{self.n_layer}{river}{gone}]")
 
     def stats(self) -> str:
         s = self.session
@@ -314,7 +324,12 @@ class Chat:
                         self.out.write(f"unknown command {cmd}; {HELP}\n")
                     self.out.flush()
                     continue
-                turn = self.ask(text)
+                try:
+                    turn = self.ask(text)
+                except RiverError as e:   # one message too long for the context: the session goes on
+                    err.write(f"river: {e}\n")
+                    err.flush()
+                    continue
                 self.out.write("\n" + self.turn_line(turn) + "\n")
                 self.out.flush()
         except KeyboardInterrupt:
@@ -342,6 +357,17 @@ def terminal_lines(prompt: str = "> "):
         except EOFError:
             print()
             return
+
+
+def _full_context_ends(chunks):
+    """The chunks until the context is full: llama-cpp-python does not cap an answer by the room the history
+    leaves, and its decode then fails (RuntimeError) instead of stopping; the answer ends there, as at max_tokens."""
+    try:
+        yield from chunks
+    except RuntimeError as e:
+        if "llama_decode returned" not in str(e):
+            raise
+        yield {"choices": [{"delta": {}, "finish_reason": "length"}]}
 
 
 def _chain(first, rest):

@@ -167,3 +167,16 @@ def test_every_mode_is_timed_from_its_first_token_to_its_last(tiny_llama, mode):
     if meter.passive:
         assert 0 < meter.decode_seconds() < llm.stats()["seconds"]   # the mode's clock counts the prefill too
     assert meter.tok_s() == pytest.approx(meter.decode_steps() / meter.decode_seconds())
+
+
+def test_a_message_too_long_for_the_context_is_refused_and_the_chat_goes_on(tiny_llama):
+    """One over-long line ended the whole session; now it is refused with one line and the next is answered.
+    When the history outgrows the context, the oldest exchanges go and the turn's line says so."""
+    small = load(tiny_llama, n_ctx=256, tau=0.5)
+    out, err = io.StringIO(), io.StringIO()
+    chat = Chat(small, out=out, max_tokens=40, temperature=0.0)
+    script = io.StringIO("hi\n" + "hello " * 300 + "\nstill here?\n" + "".join(f"turn {i} " * 6 + "\n" for i in range(6)))
+    assert chat.run(script, err=err) == 0
+    assert err.getvalue().count("does not fit the context") == 1 and "not sent" in err.getvalue()
+    assert "hello hello" not in "".join(m["content"] for m in chat.history)
+    assert out.getvalue().count("tokens, ") == 8 and "dropped to fit the context" in out.getvalue()
