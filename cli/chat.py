@@ -74,6 +74,9 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
         raise typer.BadParameter("--drafter needs --mode exact", param_hint="'--drafter'")
     if decide is not None and (no_river or (mode is not None and mode.value != "river")):
         raise typer.BadParameter("--decide needs river mode (the default)", param_hint="'--decide'")
+    if rpc and not gpu_layers:   # it would connect and offload nothing
+        raise typer.BadParameter("--rpc needs --gpu-layers: how many layers go to the servers (-1: all)",
+                                 param_hint="'--rpc'")
     with in_cache(cache_dir):
         with Bars() as bars:
             path = model_path(model, bars)

@@ -64,7 +64,8 @@ def test_bench_through_a_delaying_forwarder(tiny_llama, tmp_path):
 
 
 def test_bench_rpc_options_are_checked(tiny_llama, runner):
-    for args, why in ((["--rpc", "local:0", "--mode", "exact"], "local:N with N >= 1"),
+    for args, why in ((["--rpc", "local:0", "--mode", "exact", "--gpu-layers", "-1"], "local:N with N >= 1"),
+                      (["--rpc", "local:1", "--mode", "exact"], "--rpc needs --gpu-layers"),   # it offloaded nothing
                       (["--rpc", "local:2"], "--rpc goes with --mode"),
                       (["--flash-attn", "--max-rounds", "3"], "--flash-attn and --max-rounds go with --mode")):
         r = runner.invoke(app, ["bench", str(tiny_llama), *args])
@@ -75,6 +76,12 @@ def test_bench_rpc_options_are_checked(tiny_llama, runner):
 def test_rpc_server_refuses_a_bad_address_before_serving(runner):
     r = runner.invoke(app, ["rpc-server", "--host", ""])
     assert r.exit_code == 2 and "expected host:port" in r.output and "Traceback" not in r.output
+
+
+def test_chat_rpc_without_layers_is_refused(tiny_llama, runner):
+    r = runner.invoke(app, ["chat", str(tiny_llama), "--rpc", "127.0.0.1:50052", "--prompt", "hi"])
+    said = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 2 and "--rpc needs --gpu-layers" in said
 
 
 def test_chat_names_a_bad_or_absent_server(tiny_llama, runner):
