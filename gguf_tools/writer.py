@@ -98,24 +98,27 @@ def temp_beside(dst: str | Path, suffix: str = ".part") -> Path:
     return Path(tmp)
 
 
-def publish(tmp: Path, dst: Path) -> None:
-    """Rename a finished temporary file over dst, with an ordinary file's mode (mkstemp makes it 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, dst)
+@contextlib.contextmanager
+def replacing(dst: str | Path, suffix: str = ".part"):
+    """A temporary file beside `dst` (temp_beside) to write: when the block ends without an error it replaces
+    `dst`, with an ordinary file's mode (mkstemp makes it 0600); either way it is gone afterwards."""
+    dst = Path(dst)
+    tmp = temp_beside(dst, suffix)
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_text(dst: str | Path, text: str) -> Path:
-    """`text` into `dst` through temp_beside and a rename: a reader never sees half a report."""
-    dst = Path(dst)
-    tmp = temp_beside(dst, ".tmp")
-    try:
+    """`text` into `dst` through a temporary file and a rename: a reader never sees half a report."""
+    with replacing(dst, ".tmp") as tmp:
         tmp.write_text(text, encoding="utf-8")
-        publish(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dst
+    return Path(dst)
 
 
 def write(dst: Path, arch: str, kv: list[tuple], tensors: list[Tensor], progress: Progress | None) -> None:
@@ -124,34 +127,34 @@ def write(dst: Path, arch: str, kv: list[tuple], tensors: list[Tensor], progress
     Tensor infos go out first and the data one tensor at a time, so at most one converted tensor
     (plus its float32 copy) is in memory at once.
     """
-    tmp = temp_beside(dst)
     try:
-        w = _Writer(tmp, arch)
-        for key, val, vtype, sub in kv:
-            if key == "general.alignment":
-                w.data_alignment = int(val)
-            # add_key_value, not add_string/add_array: those silently drop empty values.
-            w.add_key_value(key, val, vtype, sub)
-        for t in tensors:
-            # numpy order with a non-uint8 dtype: GGUFWriter reverses it back to the ggml shape.
-            w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for i, t in enumerate(tensors):
-            data = np.ascontiguousarray(t.data())
-            if data.nbytes != t.nbytes:
-                raise RiverError(f"tensor {t.name}: {data.nbytes} bytes of data for {t.nbytes} expected")
-            w.write_tensor_data(data)
-            if progress:
-                progress(i + 1, len(tensors), t.name)
-        w.close()
-        publish(tmp, dst)
+        with replacing(dst) as tmp:
+            _write_gguf(tmp, arch, kv, tensors, progress)
     except OSError as e:
         raise RiverError(f"{dst}: cannot write ({e.strerror or e})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+
+def _write_gguf(tmp: Path, arch: str, kv: list[tuple], tensors: list[Tensor], progress: Progress | None) -> None:
+    w = _Writer(tmp, arch)
+    for key, val, vtype, sub in kv:
+        if key == "general.alignment":
+            w.data_alignment = int(val)
+        # add_key_value, not add_string/add_array: those silently drop empty values.
+        w.add_key_value(key, val, vtype, sub)
+    for t in tensors:
+        # numpy order with a non-uint8 dtype: GGUFWriter reverses it back to the ggml shape.
+        w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for i, t in enumerate(tensors):
+        data = np.ascontiguousarray(t.data())
+        if data.nbytes != t.nbytes:
+            raise RiverError(f"tensor {t.name}: {data.nbytes} bytes of data for {t.nbytes} expected")
+        w.write_tensor_data(data)
+        if progress:
+            progress(i + 1, len(tensors), t.name)
+    w.close()
 
 
 def check_output(dst: str | Path) -> Path:

