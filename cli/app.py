@@ -18,12 +18,12 @@ from typing import Annotated, Optional
 import typer
 
 from river_edge import __version__, format as F, zoo
+from river_edge.format import RiverError
 
 # Where ggml aborts (an rpc-server that went away mid-answer), its message line is the error; ggml would add a
 # debugger's backtrace of the whole process (tens of KB). RIVER_GGML_BACKTRACE=1 keeps it, for a bug report.
 if not os.environ.get("RIVER_GGML_BACKTRACE"):
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
-from river_edge.format import RiverError
 
 app = typer.Typer(
     name="river",

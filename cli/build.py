@@ -176,7 +176,6 @@ def calibrate(
         fail(f"{out}: calibration never overwrites its input; choose another output")
     from river_edge.calibration.report import calibrate_file
     from river_edge.gguf_tools.inspect import check
-
     from river_edge.gguf_tools.writer import check_output
 
     check(river_gguf, require_river=True)  # before loading torch and the model

@@ -71,8 +71,7 @@ class Meter:
         self.times: list[float] = []
         self.exits: list[int] = []  # -1..n_layer-1; n_layer-1 when the backbone ran whole
         if self.passive:
-            st = llm.stats()
-            self._s0 = (st["tokens"], st["seconds"])
+            self._tokens0 = llm.stats()["tokens"]
             self._h0 = llm.exit_histogram()
 
     def processors(self):
@@ -103,7 +102,7 @@ class Meter:
     def samples(self) -> int:
         """Tokens sampled (the end-of-turn token included)."""
         if self.passive:
-            return int(self.llm.stats()["tokens"] - self._s0[0])
+            return int(self.llm.stats()["tokens"] - self._tokens0)
         return len(self.times)
 
     def decode_steps(self) -> int:
@@ -229,8 +228,8 @@ class Chat:
                 break
             except (ValueError, RuntimeError) as e:
                 # the history, or the history and the start of the answer, no longer fit the context: forget the
-                # oldest exchange (llama-cpp-python refuses the first, its decode fails on the second)
-                full = "exceed context window" in str(e) or "llama_decode returned" in str(e)
+                # oldest exchange
+                full = _context_full(e)
                 if not full and isinstance(e, RuntimeError):
                     raise
                 if not full or len(self.history) <= 1:
@@ -359,13 +358,18 @@ def terminal_lines(prompt: str = "> "):
             return
 
 
+def _context_full(e: Exception) -> bool:
+    """llama-cpp-python's words for a full context: it refuses a prompt longer than the context (ValueError), and
+    it does not cap an answer by the room left, so its decode then fails (RuntimeError) instead of stopping."""
+    return "exceed context window" in str(e) or "llama_decode returned" in str(e)
+
+
 def _full_context_ends(chunks):
-    """The chunks until the context is full: llama-cpp-python does not cap an answer by the room the history
-    leaves, and its decode then fails (RuntimeError) instead of stopping; the answer ends there, as at max_tokens."""
+    """The chunks until the context is full: the answer ends there, as at max_tokens."""
     try:
         yield from chunks
     except RuntimeError as e:
-        if "llama_decode returned" not in str(e):
+        if not _context_full(e):
             raise
         yield {"choices": [{"delta": {}, "finish_reason": "length"}]}
 

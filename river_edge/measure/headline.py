@@ -47,10 +47,9 @@ def headline(out: Path) -> list[str]:
             lo, hi = d.get("ratio_ci95") or (d["ratio_min"], d["ratio_max"])
             mem = (d.get("memory") or {}).get("peak_mib")
             name = {"backbone": backbone, "shipped": "the shipped file"}.get(c, c)
-            # the backbone's own file (river_edge.measure.files: the backbone alone), not the river GGUF it ran from
-            mib = (m.get("notes") or {}).get("file_bytes", {}).get("plain-f16", 0) / 2**20 \
-                if c == "backbone" else 0
-            mib = mib or d["file_mib"]
+            # a backbone row: the backbone's own file (files.prepare_files' plain-f16), not the river GGUF it ran from
+            own = (m.get("notes") or {}).get("file_bytes", {}).get("plain-f16") if c == "backbone" else None
+            mib = own / 2**20 if own else d["file_mib"]
             rows.append(f"| {label} | {name} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) | "
                         f"{dash(_vs(m, c, 'shipped'), '{:.2f}x')} | {dash(_vs(m, c, 'q8_0'), '{:.2f}x')} | "
                         f"{d['identical_runs']}/{d['runs']} | "

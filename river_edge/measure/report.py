@@ -298,7 +298,7 @@ def _plain_note(out: Path) -> str:
 
     older = []
     for p in sorted(out.glob("eval_*.json")) + sorted(out.glob("quality_*.json")):
-        d = json.loads(p.read_text())
+        d = load(out, p.stem)
         src = d.get("plain_source") or d.get("notes", {}).get("quant_source")
         plain = [c for c in d.get("configs", {}) if c.startswith("q") and c[1:2].isdigit()]
         if plain and src != PLAIN_SOURCE:
