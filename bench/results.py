@@ -3,6 +3,7 @@
     .venv/bin/python bench/results.py run       # all steps not yet done (resumable), then the report
     .venv/bin/python bench/results.py run --limit 3 --out /tmp/smoke   # a smoke run: tiny sizes, minutes
     .venv/bin/python bench/results.py report    # only regenerate docs/results.md + plots from bench/results/*.json
+    .venv/bin/python bench/results.py rescore   # GSM8K/MATH summaries re-read from their stored answers, then report
 
 `make results` runs the first. Each step writes one JSON into bench/results/ and is skipped when that file
 exists (`--redo STEP` runs it again); the accuracy evaluation also resumes per problem (JSONL in
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from river_edge.gguf_tools.writer import write_text
 from river_edge.measure.records import PLAIN, QWEN, QWEN15, SMOL
 from river_edge.measure.report import EVAL_CONFIGS, FULL, report
 
@@ -156,15 +158,27 @@ def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str]) -
         if isinstance(res, dict):
             res.setdefault("step_seconds", time.time() - t0)
             res.setdefault("load_average_end", os.getloadavg())
-        tmp = dst.with_suffix(".part")
-        tmp.write_text(json.dumps(res, indent=1) + "\n")
-        tmp.replace(dst)
+        write_text(dst, json.dumps(res, indent=1) + "\n")
         print(f"\n{name}: {time.time() - t0:.0f} s")
+
+
+def rescore(out: Path) -> None:
+    """Each eval_<model>_<task>.json re-scored from its rows in eval/ by today's answer extraction (no decoding)."""
+    from river_edge.measure import evaluate as E
+
+    for p in sorted(out.glob("eval_*.json")):
+        model, task = p.stem.removeprefix("eval_").rsplit("_", 1)
+        rows = E.read_results(out / "eval" / f"{model}.{task}.jsonl")
+        d = E.rescore(json.loads(p.read_text()), rows)
+        if task != "humaneval":
+            d["rescored"] = "answers re-read from the stored completions by today's extraction (bench/results.py rescore)"
+        write_text(p, json.dumps(d, indent=1) + "\n")
+        print(f"{p.name}: " + ", ".join(f"{c} {x['correct']}/{x['n']}" for c, x in d["configs"].items()))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("run", "report"))
+    ap.add_argument("what", choices=("run", "report", "rescore"))
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the JSON and plots")
     ap.add_argument("--limit", type=int, help="smoke run: N problems per task and tiny sizes everywhere")
     ap.add_argument("--eval-limit", type=int, help="at most N problems per accuracy task (the rest full size)")
@@ -179,6 +193,8 @@ def main(argv=None) -> int:
     readme = a.readme or (page if a.out.resolve() == RESULTS.resolve() else None)
     if a.what == "run":
         run(a.out, a.limit, a.only.split(",") if a.only else None, [x for x in a.redo.split(",") if x])
+    if a.what == "rescore":
+        rescore(a.out)
     front = ROOT / "README.md" if readme is not None and readme.resolve() == page.resolve() else None
     print(report(a.out, readme, front))
     return 0

@@ -278,3 +278,14 @@ def test_eval_errors(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
         bad.write_bytes(body)
         with pytest.raises(RiverError, match=why):
             T.load_problems("gsm8k", data=tmp_path / "bad")
+
+
+def test_rescore_reads_the_stored_answers_again(tiny_llama, data, tmp_path):
+    """bench/results.py rescore: a summary's GSM8K accuracy from its rows' completions by today's extraction."""
+    res = tmp_path / "r.jsonl"
+    s = E.run(tiny_llama, "gsm8k", limit=2, configs=["backbone"], max_tokens=4, data=data, results=res)
+    rows = E.read_results(res)
+    rows[0] = {**rows[0], "completion": "#### N = 1 + 1 = " + rows[0]["reference"]}   # right, by the placeholder
+    s["configs"]["backbone"]["correct"] = 0
+    got = E.rescore(s, rows, data)["configs"]["backbone"]
+    assert got["correct"] >= 1 and got["accuracy"] == got["correct"] / 2

@@ -131,6 +131,8 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         results: str | Path | None = None, fresh: bool = False, timeout: float = 10.0, n_ctx: int = 2048,
         progress: Progress | None = None) -> dict:
     """Evaluate `model` on `task`; returns summarize()'s dict (also the JSON `river eval` writes)."""
+    from river_edge.gguf_tools.writer import check_output
+    from river_edge.measure.host import host
     from river_edge.runtime.llama import _has_river_tensors
 
     model = Path(model)
@@ -145,13 +147,10 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         raise RiverError(f"{task}: no problems to run")
     max_tokens = max_tokens or MAX_TOKENS[task]
     results = Path(results) if results is not None else default_results(model, task)
-    from river_edge.measure.host import cpu
-
+    machine = host(threads)   # named in the summary; its CPU and the threads also in the resume key
     settings = Settings(task, model.name, model.stat().st_size, max_tokens, threads=threads,
-                        cpu=cpu().get("model", ""))
+                        cpu=machine["cpu"].get("model", ""))
     results.parent.mkdir(parents=True, exist_ok=True)
-    from river_edge.gguf_tools.writer import check_output
-
     for p in (results, summary_path(results)):   # before any plain file is made or problem answered
         check_output(p)
     for p in (results, summary_path(results)):
@@ -206,10 +205,8 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
             m.close()
     rows = [done[(c, p.id)] for p in problems for c in configs]
     n_layer = _n_layer(model)
-    from river_edge.measure.host import host
-
     return {**summarize(rows, configs, settings=settings, n_layer=n_layer, threads=threads, results=str(results),
-                        n_problems=len(problems)), "host": host(threads)} 
+                        n_problems=len(problems)), "host": machine}
 
 
 def _n_layer(model: Path) -> int:
@@ -222,6 +219,21 @@ def _n_layer(model: Path) -> int:
 
 def default_results(model: Path, task: str) -> Path:
     return Path("river-eval") / f"{model.stem}.{task}.jsonl"
+
+
+def rescore(summary: dict, rows: list[dict], data: str | os.PathLike | None = None) -> dict:
+    """`summary` (a GSM8K or MATH one) with each configuration's accuracy re-read from its rows' stored completions
+    by today's answer extraction, as a resumed run re-reads them; completions and timings are not touched.
+    HumanEval verdicts are kept as they were run."""
+    task = summary["task"]
+    if task == "humaneval":
+        return summary
+    problems = {p.id: p for p in load_problems(task, summary["problems"], data)}
+    for c, d in summary["configs"].items():
+        last = {r["id"]: r for r in rows if r["config"] == c and r["id"] in problems}   # a rerun row wins
+        d["correct"] = sum(bool(score(task, problems[i], r["completion"])[0]) for i, r in last.items())
+        d["accuracy"] = d["correct"] / d["n"] if d["n"] else 0.0
+    return summary
 
 
 def summarize(rows: list[dict], configs: Sequence[str], *, settings: Settings, n_layer: int,
