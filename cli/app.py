@@ -11,6 +11,7 @@ import errno
 import functools
 import math
 import os
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -18,12 +19,25 @@ from typing import Annotated, Optional
 import typer
 
 from river_edge import __version__, format as F, zoo
-from river_edge.format import RiverError
+from river_edge.format import RiverError, RiverWarning
 
 # Where ggml aborts (an rpc-server that went away mid-answer), its message line is the error; ggml would add a
 # debugger's backtrace of the whole process (tens of KB). RIVER_GGML_BACKTRACE=1 keeps it, for a bug report.
 if not os.environ.get("RIVER_GGML_BACKTRACE"):
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+
+_show_warning = warnings.showwarning
+
+
+def _warning_line(message, category, *args, **kwargs):
+    """A RiverWarning is one line, as errors are; other warnings keep Python's format."""
+    if issubclass(category, RiverWarning):
+        typer.echo(f"river: warning: {message}", err=True)
+    else:
+        _show_warning(message, category, *args, **kwargs)
+
+
+warnings.showwarning = _warning_line
 
 app = typer.Typer(
     name="river",

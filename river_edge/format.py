@@ -56,6 +56,10 @@ class RiverError(Exception):
     """A problem with user input (a file, an argument) that is reported as one line, no traceback."""
 
 
+class RiverWarning(UserWarning):
+    """A setting that ran but did not do what it asked (the CLI prints it as one line)."""
+
+
 # -- the rules for river keys and controls: one place for `river validate`, `inspect`, RiverLlama's setters and
 # the gated mode. The patched loader and C API (patches/0002, 0004: llama_river_threshold_ok) apply the same
 # rules, and tests/test_validation.py feeds the same bad files to both.

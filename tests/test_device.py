@@ -62,7 +62,9 @@ def river(path, gpu, **kw):
     from river_edge.runtime.llama import RiverLlama
 
     kw = {"logits_all": True, **kw}
-    return RiverLlama(str(path), n_ctx=N_CTX, n_threads=2, n_threads_batch=2, n_gpu_layers=gpu, **kw)
+    m = RiverLlama(str(path), n_ctx=N_CTX, n_threads=2, n_threads_batch=2, n_gpu_layers=gpu, **kw)
+    assert m.offloaded, m.tensor_buft(f"blk.{m.n_layer - 1}.attn_q.weight")   # the last layers went to the device
+    return m
 
 
 def stock(path, gpu):

@@ -84,6 +84,19 @@ def test_chat_rpc_without_layers_is_refused(tiny_llama, runner):
     assert r.exit_code == 2 and "--rpc needs --gpu-layers" in said
 
 
+def test_chat_says_when_gpu_layers_offloaded_nothing(tiny_llama):
+    """The CPU build with no rpc-servers: --gpu-layers offloads nothing; one warning line says so, the chat runs."""
+    from river_edge.measure.host import devices
+
+    if any(not d.startswith("CPU") for d in devices()):
+        pytest.skip(f"this runtime has a device: {devices()}")
+    r = subprocess.run([sys.executable, "-m", "river_edge.cli.main", "chat", str(tiny_llama), "--gpu-layers", "2",
+                        "--prompt", "hi", "--max-tokens", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    warned = [x for x in r.stderr.splitlines() if "offloaded nothing" in x]
+    assert warned == [x for x in r.stderr.splitlines() if x.strip()] and warned[0].startswith("river: warning: ")
+
+
 def test_chat_names_a_bad_or_absent_server(tiny_llama, runner):
     for rpc, why in (("nowhere", "expected host:port"), (f"127.0.0.1:{free_port()}", "does not answer")):
         r = runner.invoke(app, ["chat", str(tiny_llama), "--rpc", rpc, "--gpu-layers", "-1", "--prompt", "hi",

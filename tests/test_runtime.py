@@ -483,6 +483,19 @@ def test_bad_controls_are_clear_errors(river_path, tmp_path):
     base.river_enabled = False  # harmless
 
 
+def test_offload_without_a_device_says_so(river_path):
+    """n_gpu_layers where no device can take a layer: llama.cpp keeps them on the CPU silently; RiverLlama warns."""
+    from river_edge.format import RiverWarning
+    from river_edge.measure.host import devices
+
+    if any(not d.startswith("CPU") for d in devices()):
+        pytest.skip(f"this runtime has a device: {devices()}")
+    assert river(river_path).offloaded is False
+    with pytest.warns(RiverWarning, match="n_gpu_layers=2 offloaded nothing"):
+        m = river(river_path, n_gpu_layers=2)
+    assert m.offloaded is False and m.tensor_buft("blk.3.attn_q.weight").startswith("CPU")
+
+
 def test_stock_runtime_and_broken_files(river_path, tmp_path, monkeypatch):
     data = river_path.read_bytes()
     (tmp_path / "truncated.gguf").write_bytes(data[: len(data) * 2 // 3])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -15,7 +16,7 @@ import llama_cpp
 import numpy as np
 
 from river_edge import format as F
-from river_edge.format import RiverError
+from river_edge.format import RiverError, RiverWarning
 from river_edge.runtime.context import RiverContext, exit_histogram_of
 
 
@@ -171,6 +172,11 @@ class RiverLlama(llama_cpp.Llama):
         if drafter is not None:
             self.drafter = drafter
         self._cache_contract = self._contract()
+        if kwargs.get("n_gpu_layers") and self.offloaded is False:
+            # llama.cpp keeps every layer on the host without a word when no device can take them
+            warnings.warn(f"n_gpu_layers={kwargs['n_gpu_layers']} offloaded nothing: this llama-cpp-python found no GPU "
+                          "it can use (and no rpc_servers were given), so every layer runs on the CPU",
+                          RiverWarning, stacklevel=2)
 
     # -- the KV cache's contract ---------------------------------------------------------------
     def _contract(self) -> tuple:
@@ -261,6 +267,15 @@ class RiverLlama(llama_cpp.Llama):
     def tensor_buft(self, name: str) -> str | None:
         """The ggml buffer type holding a weight of this model (see `tensor_buft`)."""
         return tensor_buft(self, name)
+
+    @property
+    def offloaded(self) -> bool | None:
+        """Whether the last backbone layer sits on a device (a GPU or an rpc-server): n_gpu_layers offloads the
+        last layers first, so False means nothing was offloaded. None on a stock runtime (it cannot tell)."""
+        if _lib() is None:
+            return None
+        buft = next(filter(None, (self.tensor_buft(f"blk.{self.n_layer - 1}.{w}.weight") for w in F.LAYER_WEIGHTS)), None)
+        return buft is not None and not (buft.startswith("CPU") or buft == "AMX" or buft.endswith("_Host"))
 
     def last_logits(self) -> np.ndarray:
         """Logits of the last token decoded (a copy). Llama.scores holds them only with logits_all=True."""
