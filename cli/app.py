@@ -161,7 +161,8 @@ CacheDir = Annotated[Optional[Path], typer.Option(
     "--cache-dir", envvar="RIVER_EDGE_CACHE", show_default="~/.cache/river-edge",
     help="Where offline models and the default river GGUF are kept.")]
 GpuLayers = Annotated[int, typer.Option(
-    "--gpu-layers", help="Layers offloaded to the devices (a GPU backend, or the --rpc servers); -1: all.")]
+    "--gpu-layers", help="Layers offloaded to the devices (a GPU backend, or the --rpc servers); -1: all. "
+                         "bench: with --mode.")]
 
 
 def _version(value: bool):

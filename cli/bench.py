@@ -41,7 +41,8 @@ def bench(
              "draft model); "
              "plain q8_0, q4_k_m, q4_0 (llama-quantize of the backbone, written beside the river GGUF) and shipped "
              "(the file the river was built from, for the offline models); sync (every layer's exit check, no exit: "
-             "the cost of one decision), e.g. --mode exact,exact:ngram,shipped,q8_0.")] = None,
+             "the cost of one decision); river:lagged (the rule decided a step late, no sync inside a step), e.g. "
+             "--mode exact,exact:ngram,shipped,q8_0.")] = None,
     gpu_layers: GpuLayers = 0,
     rpc: Annotated[Optional[str], typer.Option(
         "--rpc", show_default=False,
@@ -51,15 +52,17 @@ def bench(
         "--rpc-delay", min=0.0, callback=finite, help="With --rpc: milliseconds added each way to every message (a forwarder on "
                                      "127.0.0.1): a network's latency on one host.")] = 0.0,
     flash_attn: Annotated[bool, typer.Option(
-        "--flash-attn", help="With --mode: every configuration with flash attention, under which a verification "
-                             "row has the bits of a one-token decode on CPU, so exact mode speculates over "
-                             "quantized backbones too (`river build --backbone keep|q8_0`).")] = False,
+        "--flash-attn", help="With --mode: every configuration with flash attention, under which ggml's batched "
+                             "attention rounds as its one-token path does, so exact mode can speculate over "
+                             "quantized backbones (`river build --backbone keep|q8_0`) as far as the start-up probe "
+                             "finds batch rows exact (all sizes measured for Q8_0; Q4_K_M on AMD Zen 4: 3 rows).")] = False,
     draft: Annotated[Optional[str], typer.Option(
         "--draft", show_default=False,
         help="Draft model of exact:draft (a GGUF with the same vocabulary, or a model name). Default: the zoo's "
              "smaller sibling (qwen2.5-coder-0.5b for the 1.5B).")] = None,
     out: Annotated[Path, typer.Option(
-        "--out", "-o", file_okay=False, help="Folder for bench_<model>.json and .png.")] = Path("."),
+        "--out", "-o", file_okay=False, help="Folder for the JSON and PNG: bench_<model>, or with --mode "
+                                          "bench_modes_<model>[_gpu|_rpc[_delay<N>ms]].")] = Path("."),
     cache_dir: CacheDir = None,
 ):
     """Decode and prefill speed of the backbone, the river and plain quantization, measured alternately in one run.

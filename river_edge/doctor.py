@@ -2,6 +2,7 @@
 where ggml placed a model's weights)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from river_edge.measure import host as H
@@ -23,7 +24,9 @@ def report(model: Path | None = None, threads: int | None = None) -> str:
         f"load        {' '.join(map(str, h['loadavg_1_5_15']))} (1, 5, 15 min)",
     ]
     if rt["llama_cpp_python"] is not None:
-        variant = (f"CPU variant {rt['cpu_variant']} (one of the build's variants, the best this CPU runs)"
+        chosen = ("chosen by GGML_CPU_VARIANT" if os.environ.get("GGML_CPU_VARIANT")
+                  else "the best this CPU runs")
+        variant = (f"CPU variant {rt['cpu_variant']} (one of the build's variants, {chosen})"
                    if rt["cpu_variant"] else "CPU backend built in (native build)")
         lines.append(f"devices     {'; '.join(rt['devices']) or '?'}; {variant}")
         lines.append(f"ggml        {rt['system_info']}")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from . import plots as P
-from .headline import HEADLINE, headline, other_hosts
+from .headline import HEADLINE, headline, other_hosts, paired_ratio
 from .records import QWEN, QWEN15, SMOL, dash, host_line, load, where
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
@@ -39,9 +39,12 @@ def _modes(m: dict) -> list[str]:
     fa = " --flash-attn" if m.get("flash_attn") else ""
     notes = m.get("notes") or {}
     target = m["model"]
-    if (bb := notes.get("backbone_type")) in ("keep", "q8_0"):   # a river over a quantized backbone: built first
+    bb = notes.get("backbone_type")
+    if bb in ("keep", "q8_0") or notes.get("calibrated") is False:
+        # a river built first: over a quantized backbone, or uncalibrated (a model name would calibrate one)
         target = f"{m['model']}.river.gguf"
-        fa += f"` after `river build {notes.get('source_model')} -o {target} --backbone {bb} --no-calibrate"
+        fa += (f"` after `river build {notes.get('source_model')} -o {target}"
+               + (f" --backbone {bb}" if bb in ("keep", "q8_0") else "") + " --no-calibrate")
     out = [f"**Decoding modes, {m['model']}** (`river bench {target} --mode {','.join(m['configs'])}{fa}`; {m['tokens']} greedy tokens "
            f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process"
            + ("" if m.get("settled", True) else
@@ -60,7 +63,7 @@ def _modes(m: dict) -> list[str]:
         v = ex["verify_ms_used"]
         out += ["", f"Exact mode's cost model on this host: draft step {ex['draft_ms']:.1f} ms, backbone batch of "
                 f"1..{len(v)} tokens " + ", ".join(f"{x:.0f}" for x in v) + " ms. On hardware where a batch of 5 "
-                "costs about one step (GPU, Metal, more cores) the same acceptance gives more: speed-up = "
+                "costs about one step (GPU, Metal, more cores; none measured here) the cost model predicts more from the same acceptance: speed-up = "
                 "E(k) / (k draft + verify(k+1)) with E(k) = (1 - a^(k+1)) / (1 - a)."]
     return out + [""]
 
@@ -239,19 +242,24 @@ def _same_answers(jsonl: Path, a: str, b: str) -> int | str:
     return sum(1 for (c, i), text in by.items() if c == a and by.get((b, i)) == text)
 
 
+def _cpu(m: dict) -> str:
+    """The host of a headline figure, in a few words: its CPU, or that its JSON predates host records."""
+    cpu = ((m.get("host") or {}).get("cpu") or {}).get("model")
+    return cpu if cpu else "an older run, host not recorded"
+
+
 def _headline(out: Path) -> list[str]:
     """The few numbers a reader needs first, from the same JSON as the tables below."""
     h = []
-    for model in (SMOL, QWEN):
+    for model in (SMOL, QWEN, QWEN15):
         m = load(out, f"modes_{model}")
         if m and "exact" in m["configs"]:
             e = m["configs"]["exact"]
-            h.append(f"- Exact mode, {model}: {e['ratio_median']:.2f}x the backbone's decode speed (median), output "
-                     f"identical in {e['identical_runs']}/{e['runs']} runs.")
-    if s := load(out, f"spec_compare_{QWEN15}"):
-        r = s["ratio_median"]
-        h.append(f"- Exact mode, {QWEN15}: {r.get('exact', 0):.2f}x, against llama-cpp-python's prompt lookup "
-                 f"{r.get('prompt-lookup', 0):.2f}x and a separate 0.5B draft model {r.get('draft-model', 0):.2f}x.")
+            vs = [f"{r:.2f}x {name}" for ref, name in (("shipped", "the shipped file"), ("q8_0", "plain Q8_0"))
+                  if (r := paired_ratio(m, "exact", ref)) is not None]
+            h.append(f"- Exact mode, {model}: {e['ratio_median']:.2f}x the F16 backbone's decode speed (median)"
+                     + (f", {' and '.join(vs)}" if vs else "") + f"; output identical in {e['identical_runs']}/"
+                     f"{e['runs']} runs ({_cpu(m)}).")
     for model in (SMOL, QWEN):
         q = load(out, f"quality_{model}")
         if not q:
@@ -261,11 +269,11 @@ def _headline(out: Path) -> list[str]:
         if g:
             better = all(a["kl"] < b["kl"] for a, b in g)
             h.append(f"- Gated mode, {model}: KL {'below' if better else 'NOT always below'} random fallback at every "
-                     f"measured rate (" + ", ".join(f"{a['kl']:.3f} vs {b['kl']:.3f}" for a, b in g) + ").")
+                     f"measured rate (" + ", ".join(f"{a['kl']:.3f} vs {b['kl']:.3f}" for a, b in g) + f"; {_cpu(q)}).")
         if "river" in c and "random" in c:
             h.append(f"- The paper's rule, {model}: KL {c['river']['kl']:.3f} at {c['river']['mean_depth']:.1f} of "
                      f"{q['n_layer']} layers ({c['river']['speed_ratio']:.2f}x), random exits at the same depths {c['random']['kl']:.3f}; plain Q8_0 "
-                     f"{c['q8_0']['kl']:.4f} at {c['q8_0']['speed_ratio']:.2f}x." if "q8_0" in c else "")
+                     f"{c['q8_0']['kl']:.4f} at {c['q8_0']['speed_ratio']:.2f}x ({_cpu(q)})." if "q8_0" in c else "")
     evals = {t: e for t in FULL if (e := load(out, f"eval_{QWEN}_{t}"))}
     if evals:
         parts = []
