@@ -78,14 +78,14 @@ def test_no_arguments_shows_help(runner):
 
 
 def test_version(runner):
-    from river_edge.runtime.llama import runtime_is_patched
+    from river_edge.runtime.capi import runtime_is_patched
 
     out = run(runner, "--version").stdout
     assert "river-edge" in out and ("patched (build" in out) == runtime_is_patched()
 
 
 def test_doctor(runner, tiny_llama):
-    from river_edge.runtime.llama import runtime_is_patched
+    from river_edge.runtime.capi import runtime_is_patched
 
     out = run(runner, "doctor", str(tiny_llama), "-t", "1").stdout
     assert "cpu " in out and "ISA" in out and "devices" in out

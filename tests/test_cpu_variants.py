@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
-R = pytest.importorskip("river_edge.runtime.llama")
+capi = pytest.importorskip("river_edge.runtime.capi")
 
 LIB = Path(llama_cpp.__file__).with_name("lib")
 VARIANTS = sorted(p.name.split("ggml-cpu-", 1)[1].split(".", 1)[0] for p in LIB.glob("*ggml-cpu-*.so"))
@@ -39,7 +39,7 @@ def _score(variant: str) -> int:
     return int(lib.ggml_backend_score())
 
 
-@pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
+@pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 @pytest.mark.skipif(not VARIANTS, reason="a native build (ggml's CPU backend built in): no variants to load")
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"cpu_variant-{v}")
 def test_invariants_under_cpu_variant(variant):

@@ -12,12 +12,12 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-import river_edge.runtime.llama as R  # noqa: E402
+from river_edge.runtime import capi  # noqa: E402
 from river_edge.measure import longrun as LR  # noqa: E402
 from river_edge.measure import plots as P  # noqa: E402
 from river_edge.format import RiverError  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
+pytestmark = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
 N = 24
 PROMPTS = ["What is 2 plus 2?", "Write a function.", "Tell me a long story about the sea and a boat.", "Hi"]

@@ -11,8 +11,8 @@ import time
 import pytest
 
 openai = pytest.importorskip("openai")
-R = pytest.importorskip("river_edge.runtime.llama")
-pytestmark = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
+capi = pytest.importorskip("river_edge.runtime.capi")
+pytestmark = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
 MSGS = [{"role": "user", "content": "say something"}]
 

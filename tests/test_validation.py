@@ -17,7 +17,8 @@ from river_edge.gguf_tools.inspect import format_report, inspect_gguf, validate
 from gguf_edit import DROP, rewrite
 
 R = pytest.importorskip("river_edge.runtime.llama")
-needs_runtime = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
+capi = pytest.importorskip("river_edge.runtime.capi")
+needs_runtime = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
 L = 4  # the tiny models' layers
 BAD_KEYS = {
@@ -56,7 +57,7 @@ def test_bad_keys_refused_by_validate_inspect_and_loader(case, tiny_llama, tmp_p
     info = inspect_gguf(bad)
     assert info["problems"]
     format_report(info)   # never a traceback, whatever the keys hold
-    if R.runtime_is_patched():
+    if capi.runtime_is_patched():
         with pytest.raises(RiverError) as e:
             R.RiverLlama(str(bad), n_ctx=64, n_threads=1)
         assert "\n" not in str(e.value)
@@ -66,7 +67,7 @@ def test_bad_keys_refused_by_validate_inspect_and_loader(case, tiny_llama, tmp_p
 def test_good_keys_accepted_by_both(case, tiny_llama, tmp_path):
     ok = rewrite(tiny_llama, tmp_path / "ok.gguf", keys=GOOD_KEYS[case])
     assert validate(ok) == []
-    if R.runtime_is_patched():
+    if capi.runtime_is_patched():
         llm = R.RiverLlama(str(ok), n_ctx=64, n_threads=1)
         th = GOOD_KEYS[case].get(F.KEY_THRESHOLDS)
         if th:

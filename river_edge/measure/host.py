@@ -43,7 +43,7 @@ def runtime() -> dict:
     except ImportError:
         return {"llama_cpp_python": None, "patched": False, "build": None, "system_info": None}
     tag = Path(llama_cpp.__file__).with_name("RIVER_BUILD")
-    from river_edge.runtime.llama import runtime_is_patched
+    from river_edge.runtime.capi import runtime_is_patched
 
     return {"llama_cpp_python": llama_cpp.__version__, "patched": runtime_is_patched(),
             "build": tag.read_text().strip() if tag.exists() else None, "devices": devices(),
@@ -100,7 +100,7 @@ def placement(llm) -> dict[str, dict[str, int]]:
     """Buffer types holding each kind of weight of a loaded model: {"backbone": {"AMX": 150, "CPU": 3}, ...}.
     Extra buffer types (AMX, CPU_REPACK) mean repacked layouts and their own kernels."""
     from river_edge.gguf_tools.reader import open_gguf
-    from river_edge.runtime.llama import tensor_buft
+    from river_edge.runtime.capi import tensor_buft
 
     out: dict[str, Counter] = {}
     for t in open_gguf(llm.model_path).tensors:

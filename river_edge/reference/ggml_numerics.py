@@ -53,7 +53,7 @@ def unrounded_weights(llm) -> list[str]:
     """Weights of a loaded llama_cpp.Llama that ggml multiplies with f32 activations as they are: F16 weights
     placed in the AMX buffer type (its F16 kernels widen the weight to f32 instead of rounding activations)."""
     from river_edge.gguf_tools.reader import open_gguf
-    from river_edge.runtime.llama import tensor_buft
+    from river_edge.runtime.capi import tensor_buft
 
     return [t.name for t in open_gguf(llm.model_path).tensors
             if t.tensor_type == T.F16 and tensor_buft(llm, t.name) == "AMX"]

@@ -2,7 +2,7 @@
 
 `RiverLlama` is a `llama_cpp.Llama`: completions, chat completions, streaming and llama-cpp-python's
 OpenAI-compatible server work unchanged, plus the river controls and telemetry of patches/0001 (llama.h).
-The bindings go through llama_cpp's own loaded library, so there is one copy of llama.cpp in the process.
+The C API is bound in river_edge/runtime/capi.py, through llama_cpp's own loaded library.
 """
 from __future__ import annotations
 
@@ -17,74 +17,8 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
+from river_edge.runtime.capi import _lib, model_params, tensor_buft
 from river_edge.runtime.context import RiverContext, exit_histogram_of
-
-
-_c = ctypes
-_API = {
-    "llama_model_has_river": ([_c.c_void_p], _c.c_bool),
-    "llama_model_tensor_buft": ([_c.c_void_p, _c.c_char_p], _c.c_char_p),
-    "llama_model_river_gate": ([_c.c_void_p], _c.c_float),
-    "llama_river_set_enabled": ([_c.c_void_p, _c.c_bool], None),
-    "llama_river_get_enabled": ([_c.c_void_p], _c.c_bool),
-    "llama_river_set_thresholds": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
-    "llama_river_get_thresholds": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
-    "llama_river_set_min_exit_layer": ([_c.c_void_p, _c.c_int32], _c.c_int32),
-    "llama_river_get_min_exit_layer": ([_c.c_void_p], _c.c_int32),
-    "llama_river_set_forced_exit": ([_c.c_void_p, _c.c_int32], _c.c_int32),
-    "llama_river_get_forced_exit": ([_c.c_void_p], _c.c_int32),
-    "llama_river_set_head": ([_c.c_void_p, _c.c_bool], _c.c_int32),
-    "llama_river_get_head": ([_c.c_void_p], _c.c_int32),
-    "llama_river_last_exit": ([_c.c_void_p], _c.c_int32),
-    "llama_river_get_histogram": ([_c.c_void_p, _c.POINTER(_c.c_int64), _c.c_int32], _c.c_int32),
-    "llama_river_get_last_scores": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
-    "llama_river_reset_stats": ([_c.c_void_p], None),
-    "llama_river_decision_us": ([_c.c_void_p], _c.c_int64),
-}
-
-
-def _lib():
-    """The river C API of the loaded llama.cpp, or None for a stock (unpatched) build."""
-    lib = llama_cpp.llama_cpp._lib
-    if not hasattr(lib, "llama_model_river_gate"):  # the newest symbol: an older patched build counts as stock
-        return None
-    for name, (args, res) in _API.items():
-        f = getattr(lib, name)
-        f.argtypes, f.restype = args, res
-    return lib
-
-
-def runtime_is_patched() -> bool:
-    return _lib() is not None
-
-
-@contextlib.contextmanager
-def model_params(**fields):
-    """A Llama made inside loads with these llama_model_params fields set (e.g. use_extra_bufts=False):
-    llama-cpp-python has no keyword for them. For stock Llama objects too (tests, benchmarks)."""
-    mod = llama_cpp.llama_cpp
-    default = mod.llama_model_default_params
-
-    def params():
-        p = default()
-        for k, v in fields.items():
-            setattr(p, k, v)
-        return p
-
-    mod.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        mod.llama_model_default_params = default
-
-
-def tensor_buft(llm: llama_cpp.Llama, name: str) -> str | None:
-    """The ggml buffer type holding a model tensor ("CPU", "CPU_REPACK", "AMX", ...), None if no such tensor."""
-    lib = _lib()
-    if lib is None:
-        raise RiverError("the buffer type of a tensor needs river-edge's patched llama-cpp-python")
-    b = lib.llama_model_tensor_buft(llm._model.model, name.encode())
-    return b.decode() if b is not None else None
 
 
 def _has_river_tensors(path: Path) -> bool:
