@@ -21,6 +21,7 @@ import torch
 llama_cpp = pytest.importorskip("llama_cpp")
 
 import river_edge.runtime.llama as R  # noqa: E402
+from river_edge.runtime import capi  # noqa: E402
 from river_edge.format import RiverError  # noqa: E402
 from river_edge.gguf_tools.build import build_river  # noqa: E402
 from river_edge.gguf_tools.convert import plain  # noqa: E402
@@ -32,7 +33,7 @@ from river_edge.tokenizer import quiet_llama_logs  # noqa: E402
 from gguf import GGUFValueType  # noqa: E402
 from gguf_edit import rewrite, swapped  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not R.runtime_is_patched(), reason="needs the patched llama-cpp-python")
+pytestmark = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
 INF = math.inf
 PROMPT = [5, 77, 120, 3, 64, 200, 18, 41, 99, 7]
@@ -67,7 +68,7 @@ def river(path, **kw) -> RiverLlama:
 
 
 def stock(path) -> llama_cpp.Llama:
-    with quiet_llama_logs(), R.model_params(use_extra_bufts=EXTRA["extra"]):
+    with quiet_llama_logs(), capi.model_params(use_extra_bufts=EXTRA["extra"]):
         return llama_cpp.Llama(str(path), n_ctx=N_CTX, n_threads=2, n_threads_batch=2, logits_all=True,
                                verbose=False)
 
@@ -225,6 +226,40 @@ def test_forced_exit(river_path, ref, tmp_path):
         assert_close(got, want, mixed=e not in (-1, L - 1))
         sw = stock(swapped(river_path, tmp_path / f"swapped{e}.gguf", range(e + 1, L), head=e == -1))
         assert greedy(sw)[1].tobytes() == got.tobytes(), e
+
+
+def test_layer_inputs_past_the_exit_are_nan(river_path, tiny_llama, tmp_path):
+    """llama-ext.h's layer-input extraction (which llama.cpp's EAGLE-style drafting reads): layers up to e + 1 get
+    the backbone's inputs, the stock model's bits; a later layer ran on the river and gets NaN, not stale data."""
+    if river_path != tiny_llama:
+        pytest.skip("llama.cpp's qwen2 graph records no layer inputs (stock llama.cpp aborts there too)")
+    lib = llama_cpp.llama_cpp._lib   # llama-ext.h declares them with C++ linkage: their mangled names
+    enable = getattr(lib, "_Z30llama_set_embeddings_layer_inpP13llama_contextjb")
+    get = getattr(lib, "_Z30llama_get_embeddings_layer_inpP13llama_contextj")
+    enable.argtypes, enable.restype = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None
+    get.argtypes, get.restype = [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)
+
+    def layer_inputs(m):
+        L = llama_cpp.llama_model_n_layer(m._model.model)
+        n = len(PROMPT) * llama_cpp.llama_model_n_embd(m._model.model)
+        for il in range(L):
+            enable(m._ctx.ctx, il, True)
+        m.reset()
+        m.eval(PROMPT)
+        return [np.ctypeslib.as_array(get(m._ctx.ctx, il), shape=(n,)).copy() for il in range(L)]
+
+    want = layer_inputs(stock(plain(river_path, tmp_path / "backbone.gguf", "backbone")))
+    assert not any(np.isnan(x).any() for x in want)
+    L = len(want)
+    for e in (-1, 1, L - 1):
+        m = river(river_path, forced_exit=e)
+        got = layer_inputs(m)
+        assert m.last_exit == e
+        for il in range(L):
+            if il <= e + 1:
+                assert got[il].tobytes() == want[il].tobytes(), (e, il)
+            else:
+                assert np.isnan(got[il]).all(), (e, il)
 
 
 def test_long_prefill_is_the_reference(river_path, ref):
