@@ -63,7 +63,7 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
     """
     import sys
 
-    from river_edge.chat import Chat, legend, load, terminal_lines
+    from river_edge.chat import Chat, check_text, legend, load, terminal_lines
 
     if tau is not None and no_river:
         raise typer.BadParameter("--tau has no effect with --no-river", param_hint="'--tau'")
@@ -78,6 +78,11 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
     if rpc and not gpu_layers:   # it would connect and offload nothing
         raise typer.BadParameter("--rpc needs --gpu-layers: how many layers go to the servers (-1: all)",
                                  param_hint="'--rpc'")
+    for text, what in ((system, "--system"), (prompt, "--prompt")):
+        if text is not None:
+            check_text(text, what)
+    if hasattr(sys.stdin, "reconfigure"):   # a piped line that is not UTF-8 is refused alone, not the whole chat
+        sys.stdin.reconfigure(errors="surrogateescape")
     with in_cache(cache_dir):
         with Bars() as bars:
             path = model_path(model, bars)
@@ -91,12 +96,12 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
         fail(f"{path}: --tau needs a river GGUF (this one has no river)")
     session = Chat(llm, out=sys.stdout, system=system, max_tokens=max_tokens, color=color_depth,
                    temperature=temp, seed=seed)
+    if prompt is not None:   # Ctrl-C here is an interrupted command: exit 130, as every verb
+        if color_depth:
+            typer.echo(legend(), err=True)
+        session.once(prompt)
+        return
     try:
-        if prompt is not None:
-            if color_depth:
-                typer.echo(legend(), err=True)
-            session.once(prompt)
-            return
         interactive = sys.stdin.isatty()
         lines = terminal_lines() if interactive else sys.stdin
         session.run(lines, interactive=interactive, err=sys.stderr)

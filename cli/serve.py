@@ -5,8 +5,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, in_cache, model_path
+from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, in_cache, model_path, rule
 from .progress import Bars
+
+
+def _name(value):
+    from river_edge.serve import check_name   # the server's own rule; imported late, as the server is
+
+    return rule(check_name)(value)
 
 
 @command(epilog="Examples: river serve --port 8000   (then any OpenAI client: base_url http://127.0.0.1:8000/v1, "
@@ -19,7 +25,8 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,
     name: Annotated[Optional[str], typer.Option("--name", show_default="the file's name without .gguf",
-                                                help="Model name clients use.")] = None,
+                                                callback=_name,
+                                                help="Model name clients use (no ':').")] = None,
     threads: Threads = None,
     ctx: Ctx = 4096,
     cache_dir: CacheDir = None,

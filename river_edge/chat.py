@@ -196,6 +196,10 @@ class Chat:
     history: list[dict] = field(default_factory=list)
     session: Session = field(default_factory=Session)
 
+    def __post_init__(self):
+        if self.system:
+            check_text(self.system, "the system prompt")
+
     @property
     def n_layer(self) -> int:
         return int(getattr(self.llm, "n_layer", 0))
@@ -216,6 +220,7 @@ class Chat:
             top_p=self.top_p, seed=self.seed, logits_processor=meter.processors())
 
     def ask(self, text: str) -> Turn:
+        check_text(text, "the message")
         self.history.append({"role": "user", "content": text})
         meter = Meter(self.llm)
         t0 = time.perf_counter()
@@ -226,13 +231,17 @@ class Chat:
                 stream = self._stream(meter)
                 first = next(stream)
                 break
-            except (ValueError, RuntimeError) as e:
+            except (ValueError, RuntimeError, OverflowError, _TemplateError) as e:
                 # the history, or the history and the start of the answer, no longer fit the context: forget the
                 # oldest exchange
                 full = _context_full(e)
-                if not full and isinstance(e, RuntimeError):
-                    raise
-                if not full or len(self.history) <= 1:
+                if not full:
+                    self.history.pop()
+                    if isinstance(e, RuntimeError):
+                        raise
+                    # the model's chat template failed (jinja2's sandbox raises OverflowError for a huge range)
+                    raise RiverError(f"the message was not sent: {type(e).__name__}: {e}") from None
+                if len(self.history) <= 1:
                     self.history.pop()   # this message alone does not fit: not kept, the chat goes on without it
                     raise RiverError(f"the message does not fit the context of {self.llm.n_ctx()} tokens "
                                      f"({e}); it was not sent") from None
@@ -301,7 +310,7 @@ class Chat:
             if self.color:
                 err.write(legend() + "\n")
             err.flush()
-        lines = iter(inp.readline, "") if hasattr(inp, "readline") else iter(inp)
+        lines = _bounded_lines(inp) if hasattr(inp, "readline") else iter(inp)
         try:
             while True:
                 line = next(lines, None)
@@ -356,6 +365,36 @@ def terminal_lines(prompt: str = "> "):
         except EOFError:
             print()
             return
+
+
+MAX_LINE = 1 << 20   # characters of one piped message: far past any context this runs with (n_ctx <= 2^20 tokens)
+
+
+def _bounded_lines(inp: TextIO):
+    """A stream's lines, each read up to MAX_LINE characters: a stream with no newline (`< /dev/zero`) ends the
+    chat with a RiverError instead of filling memory."""
+    while line := inp.readline(MAX_LINE + 1):
+        if len(line) > MAX_LINE:
+            raise RiverError(f"a line of input is longer than {MAX_LINE} characters; the chat ends there")
+        yield line
+
+
+try:
+    from jinja2 import TemplateError as _TemplateError   # llama-cpp-python renders chat templates with jinja2
+except ImportError:   # pragma: no cover
+    class _TemplateError(Exception):
+        pass
+
+
+def check_text(text: str, what: str) -> str:
+    """The text, or a RiverError where UTF-8 cannot hold it (bytes of a command line or a pipe that Python kept as
+    lone surrogates): no tokenizer can encode those."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start:e.end].encode("utf-8", "surrogateescape")
+        raise RiverError(f"{what} is not valid UTF-8 (bytes {bad!r} at character {e.start})") from None
+    return text
 
 
 def _context_full(e: Exception) -> bool:

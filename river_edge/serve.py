@@ -4,7 +4,8 @@ One model, every decoding mode: a request names `NAME` (the server's mode) or `N
 (`NAME:exact`, `NAME:river`, ...), and `/v1/models` lists them all. Requests run one at a time (the
 app's lock), each under its own mode; RiverLlama drops KV cells another mode wrote, so a lossy request
 never leaks into an exact one. A bad model name (on any route), a request for logprobs (the model is loaded
-without logits_all) or for more than one choice is a 400 before anything runs, streaming included.
+without logits_all) or for more than one choice, an empty prompt or text that is not valid Unicode is a 400
+before anything runs, streaming included.
 """
 from __future__ import annotations
 
@@ -69,12 +70,30 @@ def refused(body: dict, path: str, proxy: RiverProxy) -> str | None:
         proxy.resolve(model)
     except RiverError as e:
         return str(e)
+    if (bad := _unencodable(body)) is not None:
+        return f"{bad}: not valid Unicode (a lone surrogate), which no tokenizer can encode"
     if path in ROUTES:
+        if "messages" not in body and body.get("prompt", "") in ("", []):
+            return "the prompt is empty: llama.cpp decodes at least one token"
         if (body.get("logprobs") not in (None, False) or body.get("top_logprobs")) and not proxy.llm._logits_all:
             return "logprobs are not served: the model is loaded without logits_all (every mode would pay for them)"
         n = body.get("n")
         if n is not None and n != 1:
             return f"n = {n}: this server answers one choice per request"
+    return None
+
+
+def _unencodable(x, where: str = "the request") -> str | None:
+    """Where in a JSON value a string holds a lone surrogate (JSON allows "\\udcff"; UTF-8 does not), or None."""
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+    elif isinstance(x, dict):
+        return next((w for k, v in x.items() if (w := _unencodable(v, f"{k!r}")) is not None), None)
+    elif isinstance(x, list):
+        return next((w for v in x if (w := _unencodable(v, where)) is not None), None)
     return None
 
 
@@ -122,6 +141,14 @@ async def _error(send, status: int, message: str):
     await send({"type": "http.response.body", "body": data})
 
 
+def check_name(name: str) -> str:
+    """The model name clients use: not empty, and no ':' (a request's model reads NAME:MODE)."""
+    if not name or ":" in name or name != name.strip():
+        raise RiverError(f"model name {name!r}: give a non-empty name without ':' or surrounding spaces (requests "
+                         "name NAME:MODE), e.g. --name mymodel")
+    return name
+
+
 def create_app(model: Path, *, name: str | None = None, mode: str | None = None, n_ctx: int = 4096,
                threads: int | None = None, **river_kw):
     """The OpenAI app over one river GGUF (`mode` for requests that name no mode; default exact, or
@@ -129,7 +156,7 @@ def create_app(model: Path, *, name: str | None = None, mode: str | None = None,
     from river_edge.runtime.llama import RiverLlama
 
     server_app, ModelSettings, ServerSettings = _deps()
-    name = name or Path(model).name.removesuffix(".gguf")
+    name = check_name(name if name is not None else Path(model).name.removesuffix(".gguf"))
     llm = RiverLlama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, **river_kw)
     mode = mode or ("exact" if llm.has_river else "backbone")
     llm.mode = mode   # a mode the file cannot run fails here, as in chat: "needs a river GGUF"

@@ -179,3 +179,48 @@ def test_a_message_too_long_for_the_context_is_refused_and_the_chat_goes_on(tiny
     assert err.getvalue().count("does not fit the context") == 1 and "not sent" in err.getvalue()
     assert "hello hello" not in "".join(m["content"] for m in chat.history)
     assert out.getvalue().count("tokens, ") == 8 and "dropped to fit the context" in out.getvalue()
+
+
+def test_text_that_is_not_utf8_is_named_and_a_piped_line_of_it_is_refused_alone(tiny_llama):
+    for opt in ("--system", "--prompt"):
+        r = run("chat", tiny_llama, opt, "a\udcffb", *(["-p", "x"] if opt == "--system" else []), code=1)
+        assert f"{opt} is not valid UTF-8 (bytes b'\\xff'" in r.stderr
+    # a negative seed is llama.cpp's random one, in exact mode as in the others
+    run("chat", tiny_llama, "--mode", "exact", "--seed", "-1", "--temp", "0.8", "-p", "x", "-n", "4")
+    out, err = io.StringIO(), io.StringIO()
+    chat = Chat(load(tiny_llama, n_ctx=256), out=out, max_tokens=4)
+    assert chat.run(io.StringIO("hi\nb\udcffd\nho\n"), err=err) == 0
+    assert "the message is not valid UTF-8" in err.getvalue() and out.getvalue().count("tokens, ") == 2
+
+
+def test_a_broken_chat_template_is_one_line(tiny_llama, tmp_path):
+    from gguf import GGUFValueType
+    from gguf_edit import rewrite
+
+    for template, why in (("{% if %}", "chat template (tokenizer.chat_template) does not parse"),
+                          ("{% for i in range(100000000) %}x{% endfor %}", "the message was not sent: OverflowError"),
+                          ("{{ raise_exception('boom') }}", "the message was not sent")):
+        bad = rewrite(tiny_llama, tmp_path / "t.gguf", keys={"tokenizer.chat_template": (template, GGUFValueType.STRING)})
+        r = run("chat", bad, "-p", "hi", "-n", "2", code=1)
+        assert why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_ctrl_c_during_a_scripted_answer_exits_130(tiny_llama, monkeypatch):
+    """`river chat -p` interrupted is an interrupted command (exit 130, as every verb); the interactive chat ends
+    on Ctrl-C as on EOF (exit 0)."""
+    def interrupted(self, text):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Chat, "ask", interrupted)
+    run("chat", tiny_llama, "-p", "hi", code=130)
+    run("chat", tiny_llama, input="hi\n", code=0)
+
+
+def test_a_line_without_end_ends_the_chat_with_bounded_memory(llm, monkeypatch):
+    import river_edge.chat as C
+    from river_edge.format import RiverError
+
+    monkeypatch.setattr(C, "MAX_LINE", 100)
+    chat = Chat(llm, out=io.StringIO(), max_tokens=2)
+    with pytest.raises(RiverError, match="longer than 100 characters"):
+        chat.run(io.StringIO("hi\n" + "\0" * 10_000))
+    assert len(chat.history) == 2   # "hi" was answered first

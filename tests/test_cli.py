@@ -376,6 +376,8 @@ USAGE = [  # exit 2: typer's usage message
     ["build", "{base}", "-o", "{out}", "--min-agreement", "1.5"],
     ["build", "{base}", "-o", "{out}", "--max-depth", "0"],
     ["build", "{base}", "-o", "{out}", "--n-prompts", "1"],
+    ["serve", "{river}", "--name", "a:b"],                          # requests name NAME:MODE
+    ["serve", "{river}", "--name", ""],
     ["build", "{base}", "-o", "{out}", "--decode-tokens", "-3"],
     ["build", "{base}", "-o", "{out}", "--rule", "double"],
     ["build", "{base}", "-o", "{out}", "--no-calibrate", "--max-kl", "0.1"],

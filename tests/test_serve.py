@@ -134,11 +134,19 @@ def test_every_route_checks_the_model_and_copilot_gets_the_default_mode(server):
 
 
 @pytest.mark.parametrize("body, fragment", [(b"{bad", "not JSON"), (b"[1, 2]", "not a JSON object"),
-                                            (b'{"model": 5, "prompt": "x"}', "model must be a string")])
+                                            (b'{"model": 5, "prompt": "x"}', "model must be a string"),
+                                            (b'{"prompt": ""}', "the prompt is empty"),
+                                            (b'{"prompt": "a\\udcffb"}', "'prompt': not valid Unicode")])
 def test_a_malformed_body_is_a_400(server, body, fragment):
     base = str(server.base_url).removesuffix("/").removesuffix("/v1")
     code, r = _post(f"{base}/v1/completions", body)
     assert code == 400 and fragment in r["error"]["message"]
+
+
+def test_a_negative_seed_is_llama_cpps_random_seed_in_every_mode(server):
+    for mode in ("exact", "backbone"):
+        r = server.completions.create(model=f"tiny:{mode}", prompt="the cat", max_tokens=8, temperature=1.0, seed=-1)
+        assert r.choices[0].finish_reason in ("length", "stop")
 
 
 def test_a_taken_port_is_one_line_before_serving(tiny_llama):

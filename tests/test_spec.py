@@ -200,6 +200,35 @@ def test_exact_greedy_with_penalties_is_speculated_and_exact(model, pen):
     assert s["spec_off"] is None and s["drafted"] > 0 and s["accepted"] > 0
 
 
+def test_a_negative_penalty_window_is_off_as_in_llama_cpp(model):
+    """llama.cpp takes last_n_tokens_size < 0 as 0: no penalties. Exact mode did penalise every generated token."""
+    ref, ex = _llm(model, "backbone", last_n_tokens_size=-1), _llm(model, "exact", last_n_tokens_size=-1)
+    ex._spec.fixed_k = 3
+    pen = dict(repeat_penalty=1.5, frequency_penalty=0.5)
+    for p in PROMPTS[:2]:
+        want = _gen(ref, p, **pen)
+        assert want == _gen(ref, p)   # off in the backbone: the test can fail
+        assert _gen(ex, p, **pen) == want
+
+
+def test_a_stopped_exact_run_leaves_what_backbone_mode_leaves(model):
+    """Stopped mid-cycle (max_tokens, a stopping criterion), exact mode's context holds the tokens before the last
+    one emitted, as backbone decoding's does, not accepted drafts nobody saw: same n_tokens, same finish_reason."""
+    from llama_cpp import StoppingCriteriaList
+
+    ref, ex = _llm(model, "backbone"), _llm(model, "exact")
+    ex._spec.fixed_k = 8
+    for n in (2, 3, 5):
+        for stop in (None, StoppingCriteriaList([lambda ids, logits, n=n: len(ids) >= 2 + 2 * n])):
+            a = ref.create_completion("hello world", max_tokens=2 * n if stop else n, temperature=0,
+                                      stopping_criteria=stop)
+            b = ex.create_completion("hello world", max_tokens=2 * n if stop else n, temperature=0,
+                                     stopping_criteria=stop)
+            assert (b["choices"][0]["text"], b["choices"][0]["finish_reason"], ex.n_tokens) == \
+                (a["choices"][0]["text"], a["choices"][0]["finish_reason"], ref.n_tokens), (n, stop)
+    assert ex.stats()["drafted"] > 0
+
+
 def test_exact_with_logit_bias_is_exact(model):
     ref, ex = _llm(model, "backbone"), _llm(model, "exact")
     ex._spec.fixed_k = 3       # drafts to verify whatever the tiny model's costs say
@@ -379,24 +408,22 @@ def test_a_prompt_cache_state_of_another_mode_is_not_reused(model):
 
 
 def test_backbone_after_an_exact_run_cut_after_a_draft_is_exact(model):
-    """An exact run cut right after an accepted draft leaves the context's logits at a verify row, not at the
-    last token: llama-cpp-python's generate, handed the same tokens back (backbone mode, or a request exact
-    mode falls back on), must decode again rather than sample from them."""
+    """An exact run cut anywhere in a cycle (here after every token count) leaves the context as backbone mode
+    leaves it, holding every emitted token but the last (not accepted drafts nobody saw), and its logits marked
+    stale: llama-cpp-python's generate, handed the tokens back (backbone mode, or a request exact mode falls
+    back on), decodes the last one again rather than sample from a verify row."""
     p = PROMPTS[0]
     full = _gen(_llm(model, "backbone"), p, n=60)
-    llm, hits = _llm(model, "backbone"), 0
+    llm = _llm(model, "backbone")
     for cut in range(2, 40):
         llm.mode = "backbone"
         _gen(llm, [1, 2, 3], n=2)          # a decode through llama-cpp-python's own path
         llm.mode = "exact"
         llm._spec.fixed_k = 4
         out = _gen(llm, p, n=cut)
-        assert out == full[:cut]
-        if llm.n_tokens == len(p) + cut:   # the whole output is in the cache: an exact prompt-cache hit next
-            hits += 1
-            llm.mode = "backbone"
-            assert _gen(llm, p + out, n=5) == full[cut:cut + 5], cut
-    assert hits > 0
+        assert out == full[:cut] and llm.n_tokens == len(p) + cut - 1, cut
+        llm.mode = "backbone"
+        assert _gen(llm, p + out, n=5) == full[cut:cut + 5], cut
 
 
 def test_seeded_sampling_in_exact_mode_repeats(model):
@@ -408,6 +435,10 @@ def test_seeded_sampling_in_exact_mode_repeats(model):
     assert outs[1] == outs[0] and outs[2] == outs[0] and llm.stats()["drafted"] > 0
     other = llm.create_completion("hello world", max_tokens=24, temperature=1.0, seed=43)["choices"][0]["text"]
     assert other != outs[0]   # the seed is used at all
+    # llama.cpp takes the seed as a uint32: -5 is 2**32 - 5, and -1 (LLAMA_DEFAULT_SEED) means a random one
+    neg = [llm.create_completion("hello world", max_tokens=24, temperature=1.0, seed=s)["choices"][0]["text"]
+           for s in (-5, 2**32 - 5, -1)]
+    assert neg[0] == neg[1] and all(neg)
 
 
 def test_gated_with_logprobs_falls_back_and_says_so(model):

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import llama_cpp
 import numpy as np
+from jinja2 import TemplateError
 
 from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
@@ -80,6 +81,8 @@ class RiverLlama(llama_cpp.Llama):
             except ValueError as e:
                 why = [x for x in "".join(log).splitlines() if "fail" in x or "error" in x] or [str(e)]
                 raise RiverError(f"{path}: llama.cpp cannot load it ({why[0].strip()})") from None
+            except TemplateError as e:   # llama-cpp-python compiles the GGUF's chat template when it loads
+                raise RiverError(f"{path}: its chat template (tokenizer.chat_template) does not parse: {e}") from None
         if len(self.input_ids) < self._n_ctx:
             # llama.cpp rounds n_ctx up (to a multiple of 256) and decodes that far; llama-cpp-python sized its
             # token and logit arrays by the request, so the last positions had nowhere to go

@@ -24,7 +24,7 @@ class Transform:
         self.repeat = np.float32(kw.get("repeat_penalty", 1.0))
         self.freq = np.float32(kw.get("frequency_penalty", 0.0))
         self.present = np.float32(kw.get("presence_penalty", 0.0))
-        self.last_n = int(last_n)
+        self.last_n = max(int(last_n), 0)   # llama.cpp's penalties take a negative window as 0: off
         self.procs = list(kw.get("logits_processor") or [])
         self.penalties = bool(self.last_n != 0 and (self.repeat != 1 or self.freq != 0 or self.present != 0))
 

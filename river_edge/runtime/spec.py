@@ -44,7 +44,10 @@ Exactness
     logits processors (logit_bias, min_tokens), applied to every verified row with the history of its
     position (Transform). Not speculated: typical_p != 1, mirostat, grammar, logits_all (logprobs), a
     draft_model: exact mode then decodes on the backbone alone with llama.cpp's own sampler (still exact,
-    no speed-up) and stats()["spec_off"] says why.
+    no speed-up) and stats()["spec_off"] says why. A seed is taken as llama.cpp takes it (a uint32; -1 is a
+    random seed), a negative last_n_tokens_size as 0 (penalties off). A stopping criterion sees the history it
+    would see in backbone mode, and the context keeps no token past the last one emitted; its logits argument
+    is the backbone's row for that position (llama-cpp-python passes an unfilled row without logits_all).
 
 Drafters (river_edge/runtime/drafters.py): the river by default; prompt lookup ("ngram", "ngram-cache"), "river+ngram", or a separate
 draft model (`llm.drafter = "draft.gguf"`), all through this one loop, so exactness holds for each alike.
@@ -332,12 +335,18 @@ class Spec:
             llm.n_tokens += len(chunk)
         return np.array(row)
 
+    def _cut(self, n: int) -> None:
+        self.llm.n_tokens = n
+        self._rm(n)
+
     def _rng(self) -> np.random.Generator:
         """One random stream per seed, started again by every set_seed (RiverLlama.set_seed), as llama.cpp's sampler
         is seeded again per request in the other modes."""
         seed = self.llm._seed
         if getattr(self, "_rng_seed", None) != seed:
-            self._rng_seed, self._rng_gen = seed, np.random.default_rng(seed)
+            # llama.cpp takes the seed as a uint32 (-1 is 0xFFFFFFFF) and LLAMA_DEFAULT_SEED as "random"
+            s = int(seed) & 0xFFFFFFFF
+            self._rng_seed, self._rng_gen = seed, np.random.default_rng(None if s == llama_cpp.LLAMA_DEFAULT_SEED else s)
         return self._rng_gen
 
     def _exact(self, tokens: list[int], kw: dict):
@@ -481,10 +490,18 @@ class Spec:
                 if stop is not None:
                     rows = np.array(rows[: j + 1])
                 for i, tok in enumerate(out):
+                    # stopped at tok (a stopping criterion, or the caller closing us): the cache keeps the tokens
+                    # before it, as backbone decoding leaves it, not accepted drafts nobody saw (the caller's
+                    # last stopping check reads them)
                     if stop is not None and stop(llm.input_ids[: n + i + 1], rows[i]):
+                        self._cut(n + 1 + i)
                         return
                     gen.append(tok)
-                    yield tok
+                    try:
+                        yield tok
+                    except GeneratorExit:
+                        self._cut(n + 1 + i)
+                        raise
                 pending, n = out[-1], keep
                 if ngram is not None:
                     ngram.extend(out)
