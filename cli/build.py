@@ -99,7 +99,9 @@ def report_calibration(summary: dict, out: Path) -> None:
 def build(
     model: Annotated[str, typer.Argument(metavar="MODEL", show_default=False,
                                          help="Base GGUF (llama or qwen2), or a model name from `river models`.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The river GGUF to write.", show_default=False)],
+    # str, not Path: Path("new/") drops the separator, and check_output refuses it
+    output: Annotated[str, typer.Option("--output", "-o", metavar="PATH", help="The river GGUF to write.",
+                                        show_default=False)],
     backbone: Annotated[BackboneType, typer.Option(case_sensitive=False,
                                                    help="Backbone precision: keep the source's, f16 or q8_0.")] = BackboneType.f16,
     river: Annotated[RiverType, typer.Option(case_sensitive=False, help="River type of every layer.")] = RiverType.q4_0,
@@ -156,8 +158,9 @@ The input is never modified.
 def calibrate(
     river_gguf: Annotated[Path, typer.Argument(metavar="RIVER_GGUF", help="A river GGUF (from `river build`).",
                                                show_default=False)],
-    output: Annotated[Optional[Path], typer.Option(
-        "--output", "-o", help="Where to write the recalibrated GGUF.",
+    # str, not Path: Path("new/") drops the separator, and check_output refuses it
+    output: Annotated[Optional[str], typer.Option(
+        "--output", "-o", metavar="PATH", help="Where to write the recalibrated GGUF.",
         show_default="<stem>.calibrated.gguf beside the input")] = None,
     max_kl: MaxKL = None,
     min_agreement: MinAgreement = None,

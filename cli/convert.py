@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from enum import Enum
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,7 +21,9 @@ ConvertTo = Enum("ConvertTo", {t: t for t in ("backbone", "river", "f16", *F.RIV
 def convert(
     model: Annotated[str, typer.Argument(metavar="MODEL", show_default=False,
                                          help="A GGUF (base or river), or a model name from `river models`.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The plain GGUF to write.", show_default=False)],
+    # str, not Path: Path("new/") drops the separator, and check_output refuses it
+    output: Annotated[str, typer.Option("--output", "-o", metavar="PATH", help="The plain GGUF to write.",
+                                        show_default=False)],
     to: Annotated[ConvertTo, typer.Option(
         "--to", case_sensitive=False, show_default=False,
         help="A quantization type (every 2-D weight, the head q6_k as llama-quantize does), or `backbone` / "

@@ -60,14 +60,47 @@ def _convert(t, backbone: str) -> Tensor:
     return Tensor(t.name, shape, T.Q8_0, lambda: quant.quantize(to_f32(t.data, qt, t.name), T.Q8_0))
 
 
+def _importance(v: np.ndarray, what: str) -> np.ndarray:
+    """Importance as quantize() takes it: NaN or inf would make every river weight NaN, all zeros every one
+    zero (ggml's weighted rounding then has nothing to weigh), and a negative weight rewards error."""
+    if not np.isfinite(v).all():
+        raise RiverError(f"{what}: values that are not finite (NaN or inf)")
+    if (v < 0).any():
+        raise RiverError(f"{what}: negative values (importance is a mean of squares, >= 0)")
+    if not v.any():
+        raise RiverError(f"{what}: all zero")
+    return v
+
+
+def _imatrix_entry(path, name: str, sums, counts) -> np.ndarray:
+    """One llama-imatrix entry: in_sum2 (ggml shape [n_per_row, n_mat]) over counts ([1, n_mat]), checked."""
+    what = f"{path}: importance matrix for {name}"
+    if sums.tensor_type != T.F32 or counts.tensor_type != T.F32:
+        raise RiverError(f"{what}: in_sum2 / counts are {sums.tensor_type.name} / {counts.tensor_type.name}, not F32")
+    s, n_counts = ggml_shape(sums), math.prod(ggml_shape(counts))
+    n_mat = math.prod(s[1:])
+    if n_dims(s) > 2:
+        raise RiverError(f"{what}: in_sum2 has {n_dims(s)} dimensions, not 2 (columns x matrices)")
+    if n_counts != n_mat:
+        raise RiverError(f"{what}: in_sum2 of shape {list(s)} and {n_counts} counts do not match "
+                         "(one count per matrix)")
+    if n_mat != 1:   # expert tensors; llama and qwen2 weights are one matrix each
+        raise RiverError(f"{what}: {n_mat} matrices; a dense weight has one")
+    count = float(np.asarray(counts.data, dtype=np.float32).reshape(-1)[0])
+    if not 0 < count < math.inf:
+        raise RiverError(f"{what}: count {count:g} is not a positive number (no activations recorded)")
+    return _importance(np.asarray(sums.data, dtype=np.float32).reshape(-1) / np.float32(count), what)
+
+
 def load_imatrix(imatrix: Mapping[str, np.ndarray] | str | Path) -> tuple[dict[str, np.ndarray], str]:
     """({backbone tensor name: importance per input column}, sha256) from a dict or a llama.cpp imatrix GGUF.
 
     The GGUF form is what `llama-imatrix` writes: `<name>.in_sum2` (sum of squared activations) and
-    `<name>.counts`; the importance is their quotient.
+    `<name>.counts`; the importance is their quotient. Either form is checked (_importance) before use.
     """
     if isinstance(imatrix, Mapping):
-        out = {k: np.asarray(v, dtype=np.float32).reshape(-1) for k, v in imatrix.items()}
+        out = {k: _importance(np.asarray(v, dtype=np.float32).reshape(-1), f"importance matrix for {k}")
+               for k, v in imatrix.items()}
         h = hashlib.sha256()
         for k in sorted(out):
             h.update(k.encode() + b"\0" + out[k].tobytes())
@@ -77,8 +110,7 @@ def load_imatrix(imatrix: Mapping[str, np.ndarray] | str | Path) -> tuple[dict[s
     out = {}
     for name, t in tensors.items():
         if name.endswith(".in_sum2") and (c := tensors.get(name[:-8] + ".counts")) is not None:
-            counts = np.maximum(np.asarray(c.data, dtype=np.float32).reshape(-1, 1), 1)
-            out[name[:-8]] = (np.asarray(t.data, dtype=np.float32) / counts)[0]  # dense weights: one matrix
+            out[name[:-8]] = _imatrix_entry(imatrix, name[:-8], t, c)
     if not out:
         raise RiverError(f"{imatrix}: no importance matrix in it (no <name>.in_sum2 / <name>.counts tensors)")
     return out, sha256_file(imatrix)
@@ -95,14 +127,16 @@ def _layer_types(layer_types: str | Sequence[str] | None, river: str, n_layer: i
     return types
 
 
-def _river_tensor(bt: Tensor, layer: int, weight: str, rtype: str, imatrix: dict[str, np.ndarray]) -> Tensor:
+def _river_tensor(bt: Tensor, layer: int, weight: str, rtype: str, imatrix: dict[str, np.ndarray],
+                  im_src: str = "") -> Tensor:
     n_per_row = bt.shape[0]
     qt = quant.type_for_row(quant.ggml_type(rtype), n_per_row)
     if not quant.fits(qt, n_per_row):
         raise RiverError(f"river type {rtype} cannot hold {bt.name}: rows of {n_per_row} are not a multiple of {GGML_QUANT_SIZES[qt][0]}")
     im = imatrix.get(bt.name)
     if im is not None and im.size != n_per_row:
-        raise RiverError(f"importance matrix for {bt.name} has {im.size} values; the tensor has rows of {n_per_row}")
+        raise RiverError(f"{im_src}importance matrix for {bt.name} has {im.size} values; "
+                         f"the tensor has rows of {n_per_row}")
     # From the backbone as converted (what the runtime's backbone holds), not from the source.
     return Tensor(F.river_tensor(layer, weight), bt.shape, qt,
                    lambda: quant.quantize(to_f32(bt.data(), bt.qtype, bt.name), qt, im))
@@ -156,6 +190,7 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
     if head not in F.HEAD_TYPES:
         raise RiverError(f"unknown head type {head!r}: use one of {', '.join(F.HEAD_TYPES)}")
     im, im_sha = load_imatrix(imatrix) if imatrix is not None else ({}, "")
+    im_src = "" if imatrix is None or isinstance(imatrix, Mapping) else f"{imatrix}: "
 
     backbone_tensors = [_convert(t, backbone) for t in r.tensors]
     by_name = {t.name: t for t in backbone_tensors}
@@ -165,7 +200,7 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
             bt = by_name.get(F.backbone_tensor(i, w))
             if bt is None:
                 raise RiverError(f"{src}: tensor {F.backbone_tensor(i, w)} is missing")
-            river_tensors.append(_river_tensor(bt, i, w, types[i], im))
+            river_tensors.append(_river_tensor(bt, i, w, types[i], im, im_src))
     if head != "none":
         bt = by_name.get(F.head_source(by_name))
         if bt is None:

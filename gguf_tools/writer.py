@@ -6,6 +6,7 @@ import contextlib
 import glob
 import math
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -64,54 +65,92 @@ class _Writer(GGUFWriter):
         return super()._pack_val(val, vtype, add_vtype, sub_type)
 
 
+# Bytes of the output's name a temporary file's name starts with: with the pid, mkstemp's random part and a
+# suffix it stays far below any file system's limit (255 bytes; 143 on eCryptfs), however long the output's is.
+_HEAD = 64
+
+
+def _cut(name: str, n: int) -> str:
+    """The first n bytes of a file name, as the file system counts them."""
+    return os.fsdecode(os.fsencode(name)[:n])
+
+
 def temp_beside(dst: str | Path, suffix: str = ".part") -> Path:
     """A new empty hidden file beside `dst` for writing it (then os.replace: atomic on one file system).
 
-    Its name carries this process's pid; temporary files of earlier writes of `dst` whose process is gone
-    (a killed build leaves hundreds of MB) are removed first, a live concurrent writer's are left alone.
+    Its name is the start of dst's and this process's pid; temporary files of earlier writes of `dst` whose
+    process is gone (a killed build leaves hundreds of MB) are removed first, a live concurrent writer's are left alone.
     """
     dst = Path(dst)
     check_output(dst)
-    # ours for dst: .NAME.PID.*SUFFIX, and ..NAME.PID.* (a writer of that temporary file through its own one:
-    # a calibrated build writes the uncalibrated river first)
-    mine = [*dst.parent.glob(f".{glob.escape(dst.name)}.*{glob.escape(suffix)}"),
-            *dst.parent.glob(f"..{glob.escape(dst.name)}.*")]
-    for part in mine:
-        lead = 2 if part.name.startswith(f"..{dst.name}.") else 1
-        pid = part.name[lead + len(dst.name) + 1:].split(".", 1)[0]
-        if not pid.isdigit():   # named before pids were: stale once an hour old
-            with contextlib.suppress(OSError):
-                if time.time() - part.stat().st_mtime > 3600:
-                    part.unlink()
+    # ours for dst: .HEAD.PID.*, and ..HEAD.PID.* (a writer of that temporary file through its own one: a calibrated
+    # build writes the uncalibrated river first; that HEAD is a byte shorter, as the name it is cut from has a dot)
+    ours = re.compile(rf"\.({re.escape(_cut(dst.name, _HEAD))}|\.{re.escape(_cut(dst.name, _HEAD - 1))})\.(\d+)\.")
+    for part in dst.parent.glob(".*"):
+        m = ours.match(part.name)
+        if m is None:
             continue
         try:
-            os.kill(int(pid), 0)
+            os.kill(int(m[2]), 0)
             continue          # still running
         except ProcessLookupError:
             pass
-        except PermissionError:
-            continue          # someone else's live process
+        except (PermissionError, OverflowError):
+            continue          # someone else's live process; a number no pid is: not ours
         with contextlib.suppress(OSError):
             part.unlink()
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.{os.getpid()}.", suffix=suffix)
+    for part in dst.parent.glob(f".{glob.escape(dst.name)}.*{glob.escape(suffix)}"):   # named before pids were:
+        with contextlib.suppress(OSError):                                            # stale once an hour old
+            if not ours.match(part.name) and time.time() - part.stat().st_mtime > 3600:
+                part.unlink()
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{_cut(dst.name, _HEAD)}.{os.getpid()}.", suffix=suffix)
     os.close(fd)
     return Path(tmp)
+
+
+def _file_mode() -> int:
+    """An ordinary new file's mode (mkstemp makes 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 @contextlib.contextmanager
 def replacing(dst: str | Path, suffix: str = ".part"):
     """A temporary file beside `dst` (temp_beside) to write: when the block ends without an error it replaces
-    `dst`, with an ordinary file's mode (mkstemp makes it 0600); either way it is gone afterwards."""
+    `dst`, with an ordinary file's mode; either way it is gone afterwards."""
     dst = Path(dst)
     tmp = temp_beside(dst, suffix)
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def replacing_together(dsts: list[str | Path], suffix: str = ".part"):
+    """replacing() for outputs that must appear together (a GGUF and its reports): a temporary file for each,
+    renamed in, in order, when the block ends without an error. If that is interrupted the ones already renamed
+    in are removed, so a run leaves all of its outputs or none."""
+    dsts, tmps = [Path(d) for d in dsts], []
+    try:
+        for d in dsts:
+            tmps.append(temp_beside(d, suffix))
+        yield tmps
+        for t in tmps:
+            os.chmod(t, _file_mode())
+        for t, d in zip(tmps, dsts):
+            os.replace(t, d)
+    except BaseException:
+        for t, d in zip(tmps, dsts):
+            if not t.exists():   # renamed in by this run (a counter could miss the rename an interrupt followed)
+                d.unlink(missing_ok=True)
+        raise
+    finally:
+        for t in tmps:
+            t.unlink(missing_ok=True)
 
 
 def write_text(dst: str | Path, text: str) -> Path:
@@ -160,6 +199,8 @@ def _write_gguf(tmp: Path, arch: str, kv: list[tuple], tensors: list[Tensor], pr
 def check_output(dst: str | Path) -> Path:
     """An output path a write may rename over: absent or a regular file, in a folder that exists. A folder is
     refused, and so is a device: the rename would replace /dev/null itself. Commands check it before working."""
+    if str(dst).endswith(tuple(x for x in (os.sep, os.altsep) if x)):   # Path() would drop it and write a file
+        raise RiverError(f"{dst}: ends in a separator, so it names a folder; give the output file's name")
     dst = Path(dst)
     if dst.exists() and not dst.is_file():
         kind = "a folder" if dst.is_dir() else "not a regular file"

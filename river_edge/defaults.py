@@ -17,7 +17,7 @@ import numpy as np
 
 from . import format as F
 from . import zoo
-from .calibration.report import calibrate_file
+from .calibration.report import calibrate_file, prompt_tokens
 from .calibration.target import Settings, Target
 from .format import RiverError
 from .progress import Progress, no_progress
@@ -60,7 +60,7 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     target None: no calibration, `dst` keeps the neutral thresholds (+inf: never exits) and None is
     returned. Otherwise the uncalibrated river goes to a hidden temporary file beside `dst` (same file
     system, removed afterwards whatever happens) and only the calibrated file appears at `dst`, with
-    DST.calibration.json and DST.calibration.png beside it. `src` is never modified.
+    DST.calibration.json and DST.calibration.png beside it (all three or none). `src` is never modified.
     """
     from .gguf_tools.build import build_river
     from .gguf_tools.writer import temp_beside
@@ -81,10 +81,12 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     if target is None:
         build_river(src, dst, **kw)
         return None
+    settings = settings or Settings()
+    prompts = prompt_tokens(src, settings)   # the base's tokenizer is the river's: a bad prompt fails before the build
     tmp = temp_beside(dst, ".uncalibrated.gguf")
     try:
         build_river(src, tmp, **kw)
-        return calibrate_file(tmp, dst, target, settings or Settings(), say, label=dst.name)
+        return calibrate_file(tmp, dst, target, settings, say, label=dst.name, prompts=prompts)
     finally:
         Path(tmp).unlink(missing_ok=True)
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,3 +199,54 @@ def test_the_single_rule_on_a_model_it_cannot_exit_is_the_backbone(tmp_path):
     s = T.Settings(n_prompts=2, decode_tokens=2, online_tokens=2, rule="single", prompts=["What is 1 plus 1?", "Hi"])
     summary = REP.calibrate_file(river, tmp_path / "c.gguf", T.Target("kl", 0.05), s)
     assert all(math.isinf(x) for x in summary["thresholds"])
+
+
+@pytest.mark.parametrize("n_layer, rule", [(1, "per-layer"), (1, "single"), (2, "per-layer")])
+def test_a_model_with_no_layer_to_exit_after_calibrates_to_never_exit(tmp_path, n_layer, rule):
+    """One layer (and two, where the min exit layer 1 is the last): no layer the rule may exit after, so calibration
+    writes the never-exit thresholds (it crashed: argmax of an empty sequence) with a report that says so."""
+    from river_edge.gguf_tools import build_river, write_tiny_model
+
+    river = build_river(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=n_layer, seed=4), tmp_path / "r.gguf")
+    s = T.Settings(n_prompts=2, decode_tokens=2, online_tokens=2, rule=rule, prompts=["What is 1 plus 1?", "Hi"])
+    out = tmp_path / "c.gguf"
+    summary = REP.calibrate_file(river, out, T.Target("kl", 0.05), s)
+    assert all(math.isinf(x) for x in value(open_gguf(out), F.KEY_THRESHOLDS))
+    assert summary["test"]["rule"]["depth"] == n_layer and summary["test"]["rule"]["kl"] == 0
+    assert not summary["degenerate"] and "Degenerate" not in summary["verdict"]
+    if n_layer == 1:
+        assert "no layer to exit after" in summary["verdict"] and "nan" not in REP.format_summary(summary)
+    assert (tmp_path / "c.gguf.calibration.png").is_file()
+
+
+def test_an_interrupted_calibration_leaves_none_of_its_outputs(tiny_llama, tmp_path, monkeypatch):
+    """The GGUF, DST.calibration.json and DST.calibration.png appear together or not at all: a Ctrl-C while the
+    figure was drawn left the GGUF and the JSON without it; one between the renames removes those renamed in."""
+    from river_edge.gguf_tools import writer
+    from river_edge.measure import plots
+
+    s = T.Settings(n_prompts=2, decode_tokens=2, online_tokens=2, prompts=["What is 1 plus 1?", "Hi"])
+    out = tmp_path / "c.gguf"
+    outputs = lambda: sorted(p.name for p in tmp_path.iterdir())  # noqa: E731
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(plots, "calibration", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            REP.calibrate_file(tiny_llama, out, T.Target("kl", 0.05), s)
+    assert outputs() == []
+
+    real = os.replace
+
+    def replace(a, b):   # Ctrl-C just before the GGUF (renamed last) is renamed in
+        if Path(b) == out:
+            raise KeyboardInterrupt
+        real(a, b)
+    monkeypatch.setattr(writer.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        REP.calibrate_file(tiny_llama, out, T.Target("kl", 0.05), s)
+    assert outputs() == []
+    monkeypatch.undo()
+    REP.calibrate_file(tiny_llama, out, T.Target("kl", 0.05), s)
+    assert outputs() == ["c.gguf", "c.gguf.calibration.json", "c.gguf.calibration.png"]

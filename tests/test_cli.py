@@ -212,6 +212,51 @@ def test_read_prompts(tmp_path):
         P.read_prompts(tmp_path / "e.txt")
 
 
+def test_a_prompts_file_is_read_within_bounds(runner, tiny_llama_base, tmp_path):
+    """--prompts /dev/zero read 2.7 GB, then a traceback: what a prompts file may hold is bounded."""
+    out = tmp_path / "out.gguf"
+    one_error_line(run(runner, "build", tiny_llama_base, "-o", out, "--prompts", "/dev/zero", code=1),
+                   "/dev/zero: more than 16 MiB")
+    (tmp_path / "long.txt").write_text("Hi\n" + "x" * (P.MAX_LINE_CHARS + 1) + "\n")
+    with pytest.raises(RiverError, match=r"long.txt:2: a line of 1,048,577 characters; a prompt line holds at most"):
+        P.read_prompts(tmp_path / "long.txt")
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_a_prompt_too_long_to_calibrate_is_refused_by_its_line(runner, tiny_llama_base, tiny_llama, tmp_path):
+    """One 20,000-word prompt tried to allocate 57 GB (a torch traceback). A prompt past the calibration's bound,
+    or past the model's context with the tokens decoded after it, is refused naming its line, before the build."""
+    prompts, out = tmp_path / "p.txt", tmp_path / "out.gguf"
+    prompts.write_text("What is 1 plus 1?\n" + "word " * 3000 + "\nHi\n")
+    r = run(runner, "build", tiny_llama_base, "-o", out, "--prompts", prompts, "--n-prompts", "3",
+            "--decode-tokens", "1", "--online-tokens", "1", code=1)
+    one_error_line(r, f"{prompts}:2: a prompt of ")
+    assert "tokens; calibration takes at most 8,192" in r.stderr and "building" not in r.output
+    # ~1,800 tokens: within the tiny model's context of 2048, but not with 300 decoded after it
+    prompts.write_text("What is 1 plus 1?\n\n" + "word " * 600 + "\n")
+    r = run(runner, "calibrate", tiny_llama, "-o", out, "--prompts", prompts, "--n-prompts", "2",
+            "--decode-tokens", "1", "--online-tokens", "300", code=1)
+    one_error_line(r, f"{prompts}:3: a prompt of ")
+    assert "with the 300 decoded after it, passes the model's context of 2,048 tokens" in r.stderr
+    assert not out.exists() and leftovers(tmp_path) == []
+    run(runner, "calibrate", tiny_llama, "-o", out, "--prompts", prompts, "--n-prompts", "2",
+        "--decode-tokens", "1", "--online-tokens", "2")
+    assert out.is_file()
+
+
+def test_output_names_long_and_ending_in_a_separator(runner, tiny_llama_base, tiny_llama, tmp_path):
+    """A 235-byte output name (the limit is 255) failed with "File name too long": the temporary file's name was
+    ~40 characters longer. `-o new/` (a folder that does not exist) wrote a file named new."""
+    out = tmp_path / ("a" * 230 + ".gguf")
+    run(runner, "convert", tiny_llama_base, "-o", out, "--to", "q8_0")
+    assert out.is_file() and leftovers(tmp_path) == []
+    for args in (["convert", tiny_llama_base, "-o", f"{tmp_path}/new/", "--to", "q8_0"],
+                 ["build", tiny_llama_base, "-o", f"{tmp_path}/new/", "--no-calibrate"],
+                 ["calibrate", tiny_llama, "-o", f"{tmp_path}/new/"]):
+        one_error_line(run(runner, *args, code=1), f"{tmp_path}/new/: ends in a separator, so it names a folder")
+    assert not (tmp_path / "new").exists() and leftovers(tmp_path) == []
+
+
 # -- inspect, validate ---------------------------------------------------------------------------------
 
 def test_inspect(runner, tiny_llama, tiny_llama_base):

@@ -175,6 +175,43 @@ def test_imatrix_for_q4_k(tmp_path):
     assert keys(b)[F.KEY_IMATRIX_SHA] == sha(tmp_path / "imatrix.gguf")
 
 
+def _imatrix(path, sums, counts, name="blk.0.attn_q.weight"):
+    w = GGUFWriter(path, "imatrix")
+    w.add_tensor(name + ".in_sum2", sums)
+    w.add_tensor(name + ".counts", counts)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return path
+
+
+ONE = np.ones((1,), np.float32)
+
+
+@pytest.mark.parametrize("sums, counts, fragment", [
+    (np.full((1, 64), np.nan, np.float32), ONE, "values that are not finite"),
+    (np.full((1, 64), np.inf, np.float32), ONE, "values that are not finite"),
+    (np.zeros((1, 64), np.float32), ONE, "all zero"),
+    (np.full((1, 64), -1.0, np.float32), ONE, "negative values"),
+    (np.ones((1, 64), np.float32), np.zeros((1,), np.float32), "count 0 is not a positive number"),
+    (np.ones((2, 64), np.float32), np.ones((3,), np.float32), "in_sum2 of shape [64, 2] and 3 counts do not match"),
+    (np.ones((2, 2, 64), np.float32), np.ones((2, 2), np.float32), "in_sum2 has 3 dimensions"),
+    (np.ones((2, 64), np.float32), np.ones((2,), np.float32), "2 matrices; a dense weight has one"),
+    (np.ones((1, 64), np.int8), np.ones((1,), np.int8), "in_sum2 / counts are I8 / I8, not F32"),
+], ids=["nan", "inf", "zero", "negative", "no count", "broadcast", "3-d", "experts", "int8"])
+def test_a_bad_imatrix_is_one_line_naming_file_and_tensor(tiny_llama_base, tmp_path, sums, counts, fragment):
+    """NaN/inf importance made every river weight NaN and all-zero made them zero (exit 0 both); a counts tensor
+    that does not match in_sum2 was a numpy broadcast traceback."""
+    im = _imatrix(tmp_path / "im.gguf", sums, counts)
+    dst = tmp_path / "out.gguf"
+    with pytest.raises(RiverError) as e:
+        build_river(tiny_llama_base, dst, imatrix=im)
+    assert str(e.value).startswith(f"{im}: importance matrix for blk.0.attn_q.weight: ") and fragment in str(e.value)
+    assert not dst.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    # the dict form is checked as well
+    if sums.dtype == np.float32 and sums.shape == (1, 64) and counts[0] == 1:
+        with pytest.raises(RiverError, match=f"importance matrix for blk.0.attn_q.weight: {fragment}"):
+            build_river(tiny_llama_base, dst, imatrix={"blk.0.attn_q.weight": sums[0]})
+
+
 def test_set_river_keys(tiny_llama, tmp_path):
     path = shutil.copy(tiny_llama, tmp_path / "r.gguf")
     before = tensors(tiny_llama)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,6 +132,25 @@ def test_stale_part_files_of_a_killed_build_are_swept(tiny_llama_base, tmp_path)
         p.write_bytes(b"x" * 100)
     build_river(tiny_llama_base, out)
     assert out.is_file() and not dead.exists() and not nested.exists() and alive.exists() and other.exists()
+
+
+def test_temporary_files_of_a_long_output_name_fit_and_are_swept(tiny_llama_base, tmp_path):
+    """A temporary file's name was the output's plus ~40 characters ("File name too long" for a 235-byte one);
+    it now starts with at most 64 bytes of it, and a killed run's are swept all the same."""
+    from river_edge.defaults import build_calibrated_river
+    from river_edge.calibration.target import Settings
+
+    out = tmp_path / ("a" * 230 + ".gguf")
+    dead = tmp_path / f".{'a' * 64}.999999999.abc.part"
+    nested = tmp_path / f"..{'a' * 63}.999999999.h.part"     # the uncalibrated river's own temporary file
+    alive = tmp_path / f".{'a' * 64}.{os.getpid()}.def.part"
+    other = tmp_path / f".{'a' * 63}b.999999999.x.part"     # another output's
+    for p in (dead, nested, alive, other):
+        p.write_bytes(b"x" * 100)
+    s = Settings(n_prompts=2, decode_tokens=2, online_tokens=2, prompts=["What is 1 plus 1?", "Hi"])
+    build_calibrated_river(tiny_llama_base, out, settings=s)
+    assert out.is_file() and Path(f"{out}.calibration.png").is_file() and Path(f"{out}.calibration.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == sorted([alive.name, other.name])
 
 
 @pytest.mark.parametrize("count", [4_000_000_000, 1000, "4"])

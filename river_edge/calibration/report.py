@@ -3,6 +3,7 @@ DST.calibration.json and DST.calibration.png."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 from typing import Callable
@@ -12,7 +13,7 @@ from ..reference import RiverModel
 from .gate import compact as gate_compact, gate_line, gate_report, gate_target
 from .prompts import default_prompts
 from .rule import calibrate
-from .target import Settings, Target
+from .target import MAX_TOKENS, Settings, Target
 
 
 def format_summary(s: dict) -> str:
@@ -28,36 +29,65 @@ def format_summary(s: dict) -> str:
     if q := t["rule"].get("kl_quarters"):
         out.append("rule's KL by quarter of the generation: " + ", ".join(f"{x:.4f}" for x in q))
     med = s["spearman_median"]
-    out.append("median Spearman with the damage, per layer: " +
-               ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in med.items()))
+    if not all(math.isnan(v) for v in med.values()):   # a one-layer model has no exit to correlate
+        out.append("median Spearman with the damage, per layer: " +
+                   ", ".join(f"{k.replace('_', ' ')} {v:+.2f}" for k, v in med.items()))
     out.append("verdict: " + s["verdict"])
     if g := s.get("gate"):
         out.append(gate_line(g))
     return "\n".join(out)
 
 
+def prompt_tokens(src: str | Path, s: Settings) -> list[list[int]]:
+    """The run's prompts as chat token ids: the first n_prompts of the settings' (else the packaged set's), shuffled.
+
+    One too long for the model's context (with the tokens decoded after it) or for the calibration (MAX_TOKENS:
+    its torch prefill holds heads x n^2 attention scores) is refused, not cut: calibration fits the thresholds to
+    the prompts it is given, a cut one (its question often at the end) is a text nobody sends, and the user knows
+    which to shorten."""
+    from ..gguf_tools.reader import open_gguf, value
+    from ..tokenizer import Tokenizer
+
+    r = open_gguf(src)
+    ctx = value(r, f"{value(r, 'general.architecture')}.context_length")
+    ctx = ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
+    n_gen = max(s.decode_tokens, s.online_tokens)   # the backbone decodes this far after each prompt
+    tok = Tokenizer(src)
+    texts = s.prompts or default_prompts()
+    random.Random(s.seed).shuffle(texts := list(texts))
+    out = []
+    for t in texts[: s.n_prompts]:
+        ids = tok.chat(t)
+        where = getattr(t, "where", "") or f"prompt {t[:40]!r}"   # read_prompts' FILE:LINE
+        if len(ids) > MAX_TOKENS:
+            raise RiverError(f"{where}: a prompt of {len(ids):,} tokens; calibration takes at most {MAX_TOKENS:,}")
+        if ctx is not None and len(ids) + n_gen > ctx:
+            raise RiverError(f"{where}: a prompt of {len(ids):,} tokens, with the {n_gen:,} decoded after it, passes "
+                             f"the model's context of {ctx:,} tokens")
+        out.append(ids)
+    return out
+
+
 def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings = Settings(),
                    progress: Callable[[str, int, int], None] = lambda what, done, total: None,
-                   label: str | None = None) -> dict:
+                   label: str | None = None, prompts: list[list[int]] | None = None) -> dict:
     """Fit thresholds for the river GGUF `src` and write them to `dst` (never `src`), with the report
     beside it: DST.calibration.json and DST.calibration.png. `label` names the model in the summary and
-    the plot (default: src's file name; a build through a temporary file passes the final name)."""
+    the plot (default: src's file name; a build through a temporary file passes the final name). `prompts`:
+    prompt_tokens(), when the caller checked them already. The three files appear together or not at all."""
     from ..gguf_tools.build import set_river_keys
-    from ..gguf_tools.writer import write_text
+    from ..gguf_tools.writer import replacing_together
     from ..gguf_tools.inspect import check
     from river_edge.measure import plots
-    from ..tokenizer import Tokenizer
 
     src, dst = Path(src), Path(dst)
     if dst.exists() and dst.resolve() == src.resolve():
         raise RiverError(f"{dst}: calibration never overwrites its input; choose another output")
     check(src, require_river=True)
+    if prompts is None:
+        prompts = prompt_tokens(src, s)   # before the model: a bad prompt fails at once
     progress("loading the model", 0, 1)
     model = RiverModel(src, emulate=False)  # the exact math; ggml's rounding only matters at 1e-3
-    tok = Tokenizer(src)
-    texts = s.prompts or default_prompts()
-    random.Random(s.seed).shuffle(texts := list(texts))
-    prompts = [tok.chat(t) for t in texts[: s.n_prompts]]
     rec: dict = {}
     summary = calibrate(model, prompts, target, s, progress, keep=rec)
     summary["source"] = label = label or src.name
@@ -66,12 +96,14 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     gate = gate_report(model, rec["fit"], rec["test"], gate_target(target), s)
     summary["gate"] = gate_compact(gate)
     progress("fitting the gated mode's gate", 1, 1)
-    set_river_keys(src, dst, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
-                   calibrated=True, fit_summary=json.dumps(_compact(summary)), gate_entropy=gate["gate_entropy"],
-                   gate_summary=json.dumps(summary["gate"]))
-    write_text(f"{dst}.calibration.json", json.dumps(summary, indent=1))
-    plots.calibration(summary, f"{dst}.calibration.png", f"{label}: calibration, {target.kind} <= {target.value}"
-                       if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
+    # the reports first, the GGUF last: a reader that finds the GGUF finds its reports
+    with replacing_together([f"{dst}.calibration.json", f"{dst}.calibration.png", dst]) as (js, png, gguf):
+        js.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        plots.calibration(summary, png, f"{label}: calibration, {target.kind} <= {target.value}"
+                          if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
+        set_river_keys(src, gguf, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
+                       calibrated=True, fit_summary=json.dumps(_compact(summary)),
+                       gate_entropy=gate["gate_entropy"], gate_summary=json.dumps(summary["gate"]))
     return summary
 
 

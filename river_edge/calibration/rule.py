@@ -3,6 +3,7 @@ generated tokens, tightened until the target holds there), against random select
 and the verdict, worded from the numbers."""
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict
 from typing import Callable, Sequence
@@ -22,6 +23,8 @@ from .target import Settings, Target
 def exits_of(sims: np.ndarray, tau: np.ndarray, m: int) -> np.ndarray:
     """Exit layer of every row under the rule (first l in [m, L-2] with s_l > tau_l, else L-1)."""
     L = sims.shape[1]
+    if m >= L - 1:   # no layer to exit after (one layer, or the min exit layer is the last): the backbone
+        return np.full(len(sims), L - 1)
     over = sims[:, m:L - 1] > tau[m:L - 1]
     first = over.argmax(1) + m
     return np.where(over.any(1), first, L - 1)
@@ -37,11 +40,11 @@ def candidates(tr: Trace, rule: str, min_exit: Sequence[int]):
     L = tr.sims.shape[1]
     qs = np.linspace(0, 1, 81)
     for m in min_exit:
+        if m >= L - 1:
+            continue   # no layer the rule may exit after: its only member is the backbone
         for q in qs:
             if rule == "per-layer":
                 tau = np.quantile(tr.sims, q, axis=0)
-            elif m >= L - 1:
-                return   # no layer the rule may exit after
             else:
                 tau = np.full(L, np.quantile(tr.sims[:, m:L - 1], q))
             # the format's range (no negative thresholds): a quantile below 0 becomes 0, one past 1 by rounding 1;
@@ -209,10 +212,12 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
     sweep = []
     for tau_c, m_c, q in candidates(tr_test, s.rule, [m]):
         sweep.append(dict(quantile=q, **predict(tr_test, exits_of(tr_test.sims, tau_c, m_c))))
-    median = {k: float(np.nanmedian(v)) for k, v in quality.items()}
+    # NaN where no layer has a correlation (one layer; constant damage): numpy would warn on the empty median
+    median = {k: float(np.nanmedian(v)) if np.isfinite(np.asarray(v, dtype=float)).any() else math.nan
+              for k, v in quality.items()}
     # the least threshold exits at the min exit layer whatever the similarity: one exit layer for every
     # token, so "random tokens at the same depth" is the same configuration, not a comparison
-    degenerate = bool(np.all(np.asarray(tau[m:L - 1]) <= 0.0))
+    degenerate = m < L - 1 and bool(np.all(np.asarray(tau[m:L - 1]) <= 0.0))
     progress("done", total, total)
     return {
         "target": asdict(target),
@@ -231,17 +236,19 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
         "spearman_median": median,
         "degenerate": degenerate,
         "target_met_on_test": target.met(test_rule),
-        "verdict": verdict(median, test_rule, test_random, degenerate, target, int(m)),
+        "verdict": verdict(median, test_rule, test_random, degenerate, target, int(m), L),
     }
 
 
 def verdict(median: dict, rule: dict, rnd: dict, degenerate: bool = False, target: Target | None = None,
-            m: int = 0) -> str:
+            m: int = 0, n_layer: int = 0) -> str:
     rho = median["cosine"]
     words = "barely predicts" if abs(rho) < 0.3 else "weakly predicts" if abs(rho) < 0.5 else "predicts"
     s = (f"the paper's cosine signal {words} the damage of exiting on this model (median Spearman "
          f"{rho:+.2f} per layer; a useful signal would be strongly negative); the river's own entropy: "
          f"{median['river_entropy']:+.2f}.")
+    if n_layer == 1:   # no signal to judge: s_l exists for layers 0..L-2 only
+        s = "a one-layer model has no layer to exit after: the rule never exits (thresholds +inf)."
     if degenerate:
         s += (f" Degenerate fit: every token exits after layer {m} whatever its similarity (the rule decides "
               "nothing; random selection at that depth is the same configuration).")
