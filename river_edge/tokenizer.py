@@ -9,6 +9,10 @@ from pathlib import Path
 from .format import RiverError
 
 
+def _log_text(text: bytes) -> str:
+    return text.decode("utf-8", errors="replace")
+
+
 @contextlib.contextmanager
 def quiet_llama_logs():
     """Swallow llama.cpp's log lines (model loading chatter such as "llama_context: n_ctx_seq (512) >
@@ -22,16 +26,22 @@ def quiet_llama_logs():
     from llama_cpp import _logger
 
     lines: list[str] = []
+    interrupted: list[bool] = []
 
     @llama_cpp.llama_log_callback
     def swallow(level, text, user_data):
-        lines.append(text.decode("utf-8", errors="replace"))
+        try:
+            lines.append(_log_text(text))
+        except KeyboardInterrupt:   # Ctrl-C lands here during a load: ctypes would print it and drop it
+            interrupted.append(True)
 
     llama_cpp.llama_log_set(swallow, ctypes.c_void_p(0))
     try:
         yield lines
     finally:  # back to llama-cpp-python's own callback (module-level: never garbage-collected)
         llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+    if interrupted:   # raised once llama.cpp has returned, so the command exits 130 instead of running on
+        raise KeyboardInterrupt
 
 
 class Tokenizer:

@@ -224,3 +224,15 @@ def test_a_line_without_end_ends_the_chat_with_bounded_memory(llm, monkeypatch):
     with pytest.raises(RiverError, match="longer than 100 characters"):
         chat.run(io.StringIO("hi\n" + "\0" * 10_000))
     assert len(chat.history) == 2   # "hi" was answered first
+
+
+def test_ctrl_c_that_lands_in_llama_cpps_log_callback_is_not_lost(tiny_llama, monkeypatch):
+    """A Ctrl-C during a model load is raised inside the ctypes log callback, where ctypes prints and drops it (the
+    command ran on and exited 0); quiet_llama_logs raises it again once llama.cpp has returned."""
+    import river_edge.tokenizer as T
+
+    def interrupted(text):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(T, "_log_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        load(tiny_llama, n_ctx=64)
