@@ -76,6 +76,18 @@ def test_bench_rpc_options_are_checked(tiny_llama, runner):
 def test_rpc_server_refuses_a_bad_address_before_serving(runner):
     r = runner.invoke(app, ["rpc-server", "--host", ""])
     assert r.exit_code == 2 and "expected host:port" in r.output and "Traceback" not in r.output
+    # ggml's server printed a line and exited 0 for these: now one error line, exit 1, before "rpc-server on"
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for host, why in (("::1", "listens on an IPv4 address"), ("nonexistent.invalid", "IPv4 address"),
+                          ("127.0.0.1", "Address already in use")):
+            r = subprocess.run([sys.executable, "-m", "river_edge.cli.main", "rpc-server", "--host", host, "--port",
+                                str(port)], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1 and why in r.stderr and "rpc-server on" not in r.stderr, (host, r.stderr)
 
 
 def test_chat_rpc_without_layers_is_refused(tiny_llama, runner):

@@ -87,9 +87,25 @@ def connect(servers) -> int:
     return sum(_CONNECTED.values())
 
 
+def check_listen(host: str, port: int) -> None:
+    """RiverError unless the rpc-server can listen on host:port: ggml's server prints a line and returns instead."""
+    try:
+        socket.inet_aton(host)   # ggml's server takes IPv4 addresses only (inet_addr), not names or IPv6
+    except OSError:
+        raise RiverError(f"cannot serve on {host}:{port}: the rpc-server listens on an IPv4 address "
+                         "(127.0.0.1, 0.0.0.0 or one of this machine's)") from None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:   # the server sets SO_REUSEADDR too
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise RiverError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+
+
 def serve(host: str = "127.0.0.1", port: int = 50052, threads: int | None = None) -> None:
-    """Serve this machine's CPU to RPC clients until the process is stopped (blocks)."""
+    """Serve this machine's CPU to RPC clients until the process is stopped (blocks); check_listen first."""
     (endpoint,) = parse_endpoints(f"{host}:{port}")
+    check_listen(host, port)
     lib, reg = _ggml()
     start = _proc(lib, reg, "ggml_backend_rpc_start_server", None,
                   c.c_char_p, c.c_char_p, c.c_size_t, c.c_size_t, c.POINTER(c.c_void_p))
@@ -98,6 +114,7 @@ def serve(host: str = "127.0.0.1", port: int = 50052, threads: int | None = None
     # The server loop never returns to Python: let Ctrl-C and SIGTERM end the process directly.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     start(endpoint.encode(), None, threads or os.cpu_count() or 1, 1, devs)
+    raise RiverError(f"rpc-server on {host}:{port} stopped: ggml could not serve there (its message is above)")
 
 
 def free_port() -> int:
