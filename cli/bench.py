@@ -74,6 +74,7 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
     """
     from river_edge.measure import bench as B
     from river_edge.measure import files as BF
+    from river_edge.measure import records as R
     from river_edge.measure import modes as M
     from river_edge.measure import plots as P
     from river_edge.runtime.rpc import delayed, local_servers, parse_endpoints
@@ -110,6 +111,7 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         kw["rounds"] = rounds
     if max_rounds is not None and modes:
         kw["max_rounds"] = max_rounds
+    R.check_out(out)   # before the measurement, not after it
     with contextlib.ExitStack() as stack:
         stack.enter_context(in_cache(cache_dir))
         servers = stack.enter_context(local_servers(n_local)) if n_local else endpoints
@@ -126,10 +128,10 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
     if modes:
         typer.echo(M.format_table(res))
         where = ("_rpc" + (f"_delay{rpc_delay:g}ms" if rpc_delay else "")) if rpc else "_gpu" if gpu_layers else ""
-        j, png = B.write(res, out, f"bench_modes_{res['model']}{where}", P.modes)
+        j, png = R.write(res, out, f"bench_modes_{res['model']}{where}", P.modes)
     else:
         typer.echo(B.format_table(res))
-        j, png = B.write(res, out, f"bench_{res['model']}", P.runtime)
+        j, png = R.write(res, out, f"bench_{res['model']}", P.runtime)
     typer.echo(f"\nwrote {j}\nwrote {png}")
 
 

@@ -32,7 +32,8 @@ def _requant(t, qt: T) -> Tensor:
     return Tensor(t.name, shape, qt, lambda: quant.quantize(to_f32(t.data, t.tensor_type, t.name), qt))
 
 
-def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None = None) -> Path:
+def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None = None,
+          marks: dict[str, str] | None = None) -> Path:
     src, dst = Path(src), Path(dst)
     mode = mode.lower()
     if mode not in MODES:
@@ -71,5 +72,6 @@ def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None
     kv = [x for x in kv_of(r, skip={"general.architecture", "general.file_type"}) if not x[0].startswith("river.")]
     if mode in quant.FILE_TYPES:
         kv.insert(0, ("general.file_type", int(quant.FILE_TYPES[mode]), V.UINT32, None))
+    kv += [(k, v, V.STRING, None) for k, v in (marks or {}).items()]   # e.g. bench's mark on the files it derives
     write(dst, arch, kv, out, progress)
     return dst

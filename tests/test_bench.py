@@ -16,6 +16,7 @@ from river_edge.gguf_tools.convert import plain
 
 from river_edge.measure import bench as B
 from river_edge.measure import files as BF
+from river_edge.measure import records as R
 from river_edge.measure import plots as P
 from river_edge.format import RiverError
 from river_edge.cli.main import app
@@ -81,7 +82,7 @@ def test_engine_end_to_end(river_copy, tmp_path):
     for f in ("tiny.backbone.gguf", "tiny.plain.q8_0.gguf", "tiny.plain.q4_0.gguf"):
         assert (river_copy.parent / f).is_file()
 
-    j, png = B.write(res, tmp_path / "out", "runtime_tiny", P.runtime)
+    j, png = R.write(res, tmp_path / "out", "runtime_tiny", P.runtime)
     data = json.loads(j.read_text())  # strict JSON: no Infinity/NaN tokens
     assert data["configs"]["river"]["decode_tps"] == res["configs"]["river"]["decode_tps"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -217,3 +218,31 @@ def test_decode_follows_the_models_own_greedy_tokens(river_copy):
     m.reset()
     want = [t for _, t in zip(range(9), m.generate(prompt, temp=0.0))]
     assert got == want[1:] and len(set(got)) > 1
+
+
+def test_a_users_file_named_like_a_plain_file_is_neither_used_nor_replaced(river_copy, tiny_llama_base, runner, tmp_path):
+    """A user's base GGUF named m.backbone.gguf, built into m.river.gguf: bench derived its plain files over it
+    (the build's input replaced by an F16 upcast). Now it is refused by name, the file untouched; the files bench
+    does write carry its mark and are reused."""
+    from river_edge.gguf_tools.reader import open_gguf, value
+    from river_edge.measure.files import DERIVED, prepare_files
+
+    mine = river_copy.parent / "tiny.backbone.gguf"
+    shutil.copy(tiny_llama_base, mine)
+    before = mine.read_bytes()
+    r = runner.invoke(app, ["bench", str(river_copy), "--quick", "--mode", "q4_0", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 1 and "a file river-edge did not write" in r.stderr and "Traceback" not in r.output
+    assert mine.read_bytes() == before
+    mine.unlink()
+    files, _ = prepare_files(river_copy, plain=("q4_0",))
+    assert all(value(open_gguf(files[k]), DERIVED) for k in ("plain-f16", "q4_0"))
+    t = files["q4_0"].stat().st_mtime_ns
+    assert prepare_files(river_copy, plain=("q4_0",))[0]["q4_0"].stat().st_mtime_ns == t   # reused
+
+
+def test_the_output_folder_is_checked_before_measuring(river_copy, runner, tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("x")
+    measured = []
+    monkeypatch.setattr(B, "run", lambda *a, **k: measured.append(1))
+    r = runner.invoke(app, ["bench", str(river_copy), "--quick", "-o", str(tmp_path / "afile" / "sub")])
+    assert r.exit_code == 1 and "cannot make the output folder" in r.stderr and not measured

@@ -46,7 +46,6 @@ from river_edge.measure import files as BF
 from river_edge.measure.files import packaged_prompts, prepare_files, weights_note
 from river_edge.progress import Progress, no_progress
 from river_edge.format import RiverError
-from river_edge.gguf_tools.writer import write_text
 from river_edge.measure.harness import alternate
 from river_edge.measure.plots import river_vs_ideal_from_medians
 from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
@@ -396,14 +395,6 @@ def format_table(res: dict) -> str:
                  f"{r['decision_share']:.3%}, {res['river_vs_q4_0_ceiling']['river_share_of_q4_0_speed']:.2f} of "
                  f"plain Q4_0's decode speed")
     return "\n".join(lines)
-
-
-def write(res: dict, out_dir: str | Path, stem: str, plot) -> tuple[Path, Path]:
-    """res as <stem>.json and plot(res) as <stem>.png in out_dir (plot: a figure of measure/plots.py)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    j = write_text(out_dir / f"{stem}.json", json.dumps(res, indent=1) + "\n")
-    return j, plot(res, out_dir / f"{stem}.png")
 
 
 if __name__ == "__main__":

@@ -49,13 +49,32 @@ def source_model(info: dict) -> str | None:
     return next((m.name for m in zoo.MODELS.values() if m.sha256 == sha), None) if sha else None
 
 
+DERIVED = "river_edge.derived"   # a GGUF key on the files _derive writes (llama-quantize copies it from the backbone)
+
+
+def _ours(dst: Path) -> bool:
+    """A file _derive wrote: it carries DERIVED, or it sits in river-edge's cache (written there before the mark)."""
+    from river_edge.gguf_tools.reader import open_gguf, value
+
+    try:
+        if value(open_gguf(dst), DERIVED) is not None:
+            return True
+    except RiverError:   # not a GGUF at all
+        return False
+    return dst.resolve().is_relative_to(zoo.cache_dir().expanduser().resolve())
+
+
 def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
     """dst made from src, cached: reused while newer than its source; written atomically. `mode`: a
-    llama-quantize recipe (plain files: what a user makes from the F16 backbone), or "backbone"."""
+    llama-quantize recipe (plain files: what a user makes from the F16 backbone), or "backbone". A file at dst that
+    this did not write (a user's own, named like a plain file: say the build's input) is neither used nor replaced."""
     from river_edge.gguf_tools.convert import plain
     from river_edge.gguf_tools.quant import RECIPES, llama_quantize
     from river_edge.gguf_tools.writer import replacing
 
+    if dst.exists() and not _ours(dst):
+        raise RiverError(f"{dst}: a file river-edge did not write has the name of the {mode} file it derives from "
+                         f"{src.name}; move one of them (river-edge neither uses nor replaces it)")
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +83,8 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
         if mode in RECIPES:
             llama_quantize(src, tmp, mode)
         else:
-            plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total))
+            plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total),
+                  marks={DERIVED: f"{mode} of {src.name}, by river-edge's benchmarks"})
     return dst
 
 

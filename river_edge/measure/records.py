@@ -1,9 +1,12 @@
-"""The benchmark JSON as the results pages read it: the models' names, one step's JSON, and the host line that
-keeps every table to one host."""
+"""The benchmark JSON: written with its figure (check_out, write), and read as the results pages read it (the
+models' names, one step's JSON, and the host line that keeps every table to one host)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+from river_edge.format import RiverError
 
 SMOL, QWEN, QWEN15 = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 PLAIN = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
@@ -35,3 +38,33 @@ def where(m: dict) -> str:
     if ((m.get("host") or {}).get("cpu") or {}).get("model"):
         return host_line(m)
     return "host not recorded (a run from before JSONs named their host: compare it only within this section)"
+
+
+def check_out(out_dir: str | Path, stem: str | None = None) -> Path:
+    """The folder the results go to, made and checked before a measurement (not after minutes of it): a folder
+    this process can write (and where <stem>.json and <stem>.png may be written)."""
+    from river_edge.gguf_tools.writer import check_output
+
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RiverError(f"{out_dir}: cannot make the output folder ({e.strerror or e})") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise RiverError(f"{out_dir}: the output folder is not writable")
+    for ext in (".json", ".png") if stem else ():
+        check_output(out_dir / f"{stem}{ext}")
+    return out_dir
+
+
+def write(res: dict, out_dir: str | Path, stem: str, plot) -> tuple[Path, Path]:
+    """res as <stem>.json and plot(res) as <stem>.png in out_dir (plot: a figure of measure/plots.py), the two
+    together or neither."""
+    from river_edge.gguf_tools.writer import replacing_together
+
+    out_dir = check_out(out_dir, stem)
+    j, png = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
+    with replacing_together([j, png]) as (tj, tpng):
+        tj.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+        plot(res, tpng)
+    return j, png
