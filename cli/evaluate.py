@@ -11,7 +11,7 @@ import typer
 from river_edge.format import RiverError
 from river_edge.gguf_tools.writer import write_text
 
-from .app import CacheDir, ModelArg, Threads, command, in_cache, jsonable, model_path
+from .app import CacheDir, ModelArg, Threads, command, finite, in_cache, jsonable, model_path
 from .progress import Bars
 
 
@@ -38,12 +38,15 @@ def eval_(
     data_dir: Annotated[Optional[Path], typer.Option(
         "--data-dir", envvar="RIVER_EDGE_DATA", show_default="../shared/data beside the repository",
         help="Folder with gsm8k/test_dev.jsonl and math500/dev.jsonl.")] = None,
-    results: Annotated[Optional[Path], typer.Option(
-        "--results", show_default="river-eval/<model>.<task>.jsonl",
+    # str, not Path: Path("out/") drops the separator, and run refuses it (writer.check_output)
+    results: Annotated[Optional[str], typer.Option(
+        "--results", metavar="PATH", show_default="river-eval/<model>.<task>.jsonl",
         help="Per-problem results (JSON lines, appended: a rerun skips finished problems); the summary goes "
              "beside it as .json (.summary.json when the results file is a .json).")] = None,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Start over: discard earlier results in that file.")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.5, help="HumanEval: seconds per program.")] = 10.0,
+    fresh: Annotated[bool, typer.Option(
+        "--fresh", help="Start over: discard earlier results in that file (at the first new answer).")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.5, max=3600, callback=finite,   # evaluate.MAX_TIMEOUT
+                                           help="HumanEval: seconds per program.")] = 10.0,
     cache_dir: CacheDir = None,
 ):
     """Task accuracy of the backbone, the river and plain quantization, greedy, side by side.
@@ -54,7 +57,7 @@ to the backbone) and mean backbone depth; writes the per-problem JSON lines and 
     """
     from river_edge.measure import evaluate as E
 
-    cfgs = [c for c in configs.split(",")] if configs else None
+    cfgs = configs.split(",") if configs is not None else None   # "" is refused, as "," is
     if cfgs is not None:
         try:
             E.check_configs(cfgs, has_river=True)  # the names; whether the model has a river comes later

@@ -289,3 +289,139 @@ def test_rescore_reads_the_stored_answers_again(tiny_llama, data, tmp_path):
     s["configs"]["backbone"]["correct"] = 0
     got = E.rescore(s, rows, data)["configs"]["backbone"]
     assert got["correct"] >= 1 and got["accuracy"] == got["correct"] / 2
+
+
+# -- inputs and outputs an outside review broke --------------------------------------------------------
+
+def test_results_may_not_be_the_task_data(tiny_llama, data, tmp_path):
+    """--results naming the task's data file (or a link to it) is refused like the model: --fresh deleted it."""
+    gsm = data / "gsm8k" / "test_dev.jsonl"
+    before = gsm.read_bytes()
+    (tmp_path / "link.jsonl").symlink_to(gsm)
+    for res, fresh in ((gsm, ("--fresh",)), (gsm, ()), (tmp_path / "link.jsonl", ("--fresh",))):
+        r = run("eval", tiny_llama, "--task", "gsm8k", "--data-dir", data, "--results", res, *fresh, code=1)
+        assert "that is the gsm8k data" in r.stderr and gsm.read_bytes() == before
+    r = run("eval", tiny_llama, "--task", "math", "--data-dir", data, "--results", data / "math500" / "dev.jsonl",
+            "--fresh", code=1)
+    assert "that is the math data" in r.stderr and len(T.load_problems("math", data=data)) == 2
+
+
+@pytest.mark.parametrize("sub, row, why", [
+    ("gsm8k", {"question": 5, "answer": 7}, "row 2 field 'question' is 5, not a string"),
+    ("gsm8k", {"question": "q", "answer": None}, "row 2 field 'answer' is null, not a string"),
+    ("math500", {"problem": "p", "solution": 5}, "row 2 field 'solution' is 5, not a string"),
+    ("math500", {"problem": "p", "answer": "1", "unique_id": [1]}, "row 2 field 'unique_id' is \\[1\\]"),
+    ("math500", {"problem": "p", "answer": "1", "unique_id": "test/algebra/1.json"}, "row 2 repeats row 1's unique_id"),
+])
+def test_data_rows_of_the_wrong_type(data, sub, row, why):
+    """Fields of the wrong type were tracebacks (AttributeError, unhashable list): one line naming file, row, field."""
+    name = "test_dev.jsonl" if sub == "gsm8k" else "dev.jsonl"
+    first = {**MATH[1], "unique_id": "test/algebra/1.json"} if sub == "math500" else GSM[0]
+    (data / sub / name).write_text(json.dumps(first) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(RiverError, match=f"{name}: {why}"):
+        T.load_problems("gsm8k" if sub == "gsm8k" else "math", data=data)
+
+
+def test_data_files_are_read_bounded(data, monkeypatch):
+    """A 245 MB data file with --limit 1 took 4.9 GB: the file is capped, and only the rows a run needs are parsed."""
+    gsm = data / "gsm8k" / "test_dev.jsonl"
+    gsm.write_text(gsm.read_text() + "{not json\n")
+    assert [p.id for p in T.load_problems("gsm8k", 3, data)] == ["gsm8k/0", "gsm8k/1", "gsm8k/2"]
+    with pytest.raises(RiverError, match=":4: not a JSON line"):
+        T.load_problems("gsm8k", 4, data)
+    monkeypatch.setattr(T, "MAX_JSONL_BYTES", 1 << 20)
+    gsm.write_text(json.dumps(GSM[0]) + "\n" + json.dumps({"question": "x" * (3 << 19), "answer": "1"}) + "\n")
+    with pytest.raises(RiverError, match="test_dev.jsonl: 2 MiB, more than the 1 MiB allowed here"):
+        T.load_problems("gsm8k", 1, data)
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda r: {k: v for k, v in r.items() if k != "completion"}, "no 'completion'"),
+    (lambda r: {k: v for k, v in r.items() if k != "decode_steps"}, "no 'decode_steps'"),
+    (lambda r: {**r, "config": ["x"]}, "'config' is \\[\"x\"\\]"),
+    (lambda r: {**r, "hist": [1, 2]}, "'hist' has 2 counts, not 5"),
+])
+def test_damaged_results_rows_are_refused_before_anything_is_appended(tiny_llama, data, tmp_path, damage, why):
+    res = tmp_path / "r.jsonl"
+    E.run(tiny_llama, "gsm8k", limit=1, configs=["river"], max_tokens=2, data=data, results=res)
+    res.write_text(json.dumps(damage(E.read_results(res)[0])) + "\n")
+    before = res.read_bytes()
+    r = run("eval", tiny_llama, "--task", "gsm8k", "--limit", "2", "-n", "2", "--configs", "river", "--data-dir", data,
+            "--results", res, code=1)
+    assert why.replace("\\", "") in r.stderr and res.read_bytes() == before
+
+
+def test_a_complete_last_row_without_its_newline_is_kept(tiny_llama, data, tmp_path):
+    """It was cut off on resume (only a last line that does not parse is an interrupted write)."""
+    res = tmp_path / "r.jsonl"
+    E.run(tiny_llama, "gsm8k", limit=1, configs=["river"], max_tokens=2, data=data, results=res)
+    res.write_text(res.read_text().rstrip("\n"))
+    first = E.read_results(res)
+    E.run(tiny_llama, "gsm8k", limit=2, configs=["river"], max_tokens=2, data=data, results=res)
+    rows = E.read_results(res)
+    assert rows[:1] == first and [r["id"] for r in rows] == ["gsm8k/0", "gsm8k/1"]
+    assert res.read_text().endswith("}\n") and len(res.read_text().splitlines()) == 2
+
+
+def test_timeout_is_bounded_and_a_failed_run_leaves_no_results(tiny_llama, data, tmp_path, monkeypatch):
+    """--timeout inf / 1e300 were an OverflowError / SubprocessError after an empty results file was made; a run
+    stopped (Ctrl-C) before its first answer left one too."""
+    res = tmp_path / "r.jsonl"
+    args = ("eval", tiny_llama, "--task", "gsm8k", "--limit", "1", "-n", "2", "--configs", "river", "--data-dir", data,
+            "--results", res)
+    for t in ("inf", "1e300", "nan", "0"):
+        run(*args, "--timeout", t, code=2)
+    with pytest.raises(RiverError, match="timeout inf"):
+        E.run(tiny_llama, "humaneval", limit=1, configs=["river"], max_tokens=2, results=res, timeout=float("inf"))
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(E, "score", interrupted)
+    run(*args, code=130)
+    assert not res.exists() and not res.with_suffix(".json").exists()
+
+
+def test_a_write_error_names_the_file_and_leaves_whole_rows(tiny_llama, data, tmp_path):
+    """A full disk (here the file size limit): one line naming the results file; a row cut short is cut back, and a
+    file the run made and could not write a row to is removed."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    res = tmp_path / "r.jsonl"
+    E.run(tiny_llama, "gsm8k", limit=1, configs=["river"], max_tokens=2, data=data, results=res)
+    before = res.read_bytes()
+
+    def river(res, fsize):
+        def limit():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        return subprocess.run([sys.executable, "-c", "from river_edge.cli.main import app; app(prog_name='river')",
+                               "eval", str(tiny_llama), "--task", "gsm8k", "--limit", "2", "-n", "2", "--configs",
+                               "river", "--data-dir", str(data), "--results", str(res)], preexec_fn=limit,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    p = river(res, len(before) + 10)
+    assert p.returncode == 1 and f"river: error: {res}: File too large" in p.stderr and "Traceback" not in p.stderr
+    assert res.read_bytes() == before
+    p = river(tmp_path / "new.jsonl", 0)
+    assert p.returncode == 1 and "new.jsonl: File too large" in p.stderr and not (tmp_path / "new.jsonl").exists()
+
+
+def test_results_path_ending_in_a_separator_is_refused(tiny_llama, data, tmp_path):
+    """`--results outdir/` wrote files named outdir and outdir.json."""
+    out = tmp_path / "outdir"
+    r = run("eval", tiny_llama, "--task", "gsm8k", "--limit", "1", "-n", "2", "--configs", "river", "--data-dir", data,
+            "--results", f"{out}{os.sep}", code=1)
+    assert "ends in a separator" in r.stderr and sorted(x.name for x in tmp_path.iterdir()) == ["data"]
+
+
+def test_configs_empty_is_a_usage_error_and_tau_spellings_are_one(tiny_llama, data, tmp_path):
+    r = run("eval", tiny_llama, "--task", "gsm8k", "--configs", "", "--data-dir", data, "--results",
+            tmp_path / "r.jsonl", code=2)
+    assert "no configuration given" in r.output
+    assert E.check_configs(["tau=0.5", "tau=.5", "TAU=0.50", "river"], has_river=True) == ["tau=0.5", "river"]
+    s = E.run(tiny_llama, "gsm8k", limit=1, configs=["tau=0.5", "tau=.5"], max_tokens=2, data=data,
+              results=tmp_path / "r.jsonl")
+    assert list(s["configs"]) == ["tau=0.5"] and len(E.read_results(tmp_path / "r.jsonl")) == 1

@@ -18,6 +18,7 @@ The problems, prompts and scoring are in tasks.py.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -30,12 +31,14 @@ from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.measure.files import PLAIN_SOURCE
 from river_edge.measure.harness import parse_configs
-from river_edge.measure.tasks import MAX_TOKENS, PROMPT_VERSION, TASKS, load_problems, read_jsonl, score
+from river_edge.measure.tasks import (DATA_FILES, MAX_TOKENS, PROMPT_VERSION, TASKS, data_dir, load_problems,
+                                      read_jsonl, score)
 
 Progress = Callable[[str, int, int], None]
 
 
 MODES = ("exact", "gated", "fast")  # river_edge.runtime.spec modes run as configurations of their own
+MAX_TIMEOUT = 3600.0   # HumanEval seconds per program: the sandbox's CPU limit and subprocess's wait take it
 
 
 def default_configs(has_river: bool) -> list[str]:
@@ -50,6 +53,9 @@ def _plain_types() -> tuple[str, ...]:
 
 def check_configs(configs: Sequence[str], has_river: bool) -> list[str]:
     out = parse_configs(configs, ["backbone", "river", *MODES, *_plain_types()], {"tau=": lambda x: F.check_threshold(float(x), "tau")})
+    # one spelling per threshold (tau=.5 is tau=0.5): a setting runs once, and resumes under any spelling
+    out = list(dict.fromkeys(f"tau={float(c[4:]) + 0.0!r}".removesuffix(".0") if c.startswith("tau=") else c
+                             for c in out))
     lossy = [c for c in out if c == "river" or c in MODES or c.startswith("tau=")]
     if lossy and not has_river:
         raise RiverError(f"configuration {lossy[0]!r} needs a river GGUF (this model has no river)")
@@ -89,6 +95,11 @@ def generate(llm, prompt: str, max_tokens: int) -> dict:
             "decode_s": meter.decode_seconds(), "depth": meter.depth(), "hist": hist.tolist()}
 
 
+# the fields a resumed row is read by (run, summarize, rescore), and their JSON types
+ROW_FIELDS = {"settings": dict, "config": str, "id": str, "completion": str, "correct": bool, "tokens": int,
+              "decode_steps": int, "decode_s": (int, float), "hist": list}
+
+
 def read_results(path: Path) -> list[dict]:
     """The rows of an earlier run; only the last line may be cut short (an interrupted run: that problem runs
     again). Any other line that is not a result row means the file is something else: refused, not appended to."""
@@ -96,14 +107,25 @@ def read_results(path: Path) -> list[dict]:
         return []
     try:
         rows = read_jsonl(path, cut_last=True)
-        bad = next((i for i, r in enumerate(rows, 1) if not {"settings", "config", "id"} <= r.keys()), None)
     except RiverError as e:
         raise RiverError(f"{e}: not a river eval results file; use --results for another file (or --fresh to start "
                          "this one over)") from None
-    if bad is not None:
-        raise RiverError(f"{path}: row {bad} is not a river eval result; use --results for another file (or --fresh "
-                         "to start this one over)")
+    for i, r in enumerate(rows, 1):
+        if why := _bad_row(r):
+            raise RiverError(f"{path}: row {i} is not a river eval result ({why}); use --results for another file "
+                             "(or --fresh to start this one over)")
     return rows
+
+
+def _bad_row(r: dict) -> str | None:
+    for k, t in ROW_FIELDS.items():
+        if k not in r:
+            return f"no {k!r}"
+        if not isinstance(r[k], t) or (t is int and isinstance(r[k], bool)):
+            return f"{k!r} is {json.dumps(r[k])[:40]}"
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in r["hist"]):
+        return "'hist' is not a list of counts"
+    return None
 
 
 def summary_path(results: Path) -> Path:
@@ -140,12 +162,16 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         raise RiverError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     if not model.is_file():
         raise RiverError(f"{model}: no such file")
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise RiverError(f"timeout {timeout}: give 0 < seconds <= {MAX_TIMEOUT:g}")
     has_river = _has_river_tensors(model)
     configs = check_configs(configs or default_configs(has_river), has_river)
     problems = load_problems(task, limit, data)
     if not problems:
         raise RiverError(f"{task}: no problems to run")
     max_tokens = max_tokens or MAX_TOKENS[task]
+    if results is not None and str(results).endswith(tuple(x for x in (os.sep, os.altsep) if x)):
+        check_output(results)   # refuses it, before a folder is made: Path() would drop the separator
     results = Path(results) if results is not None else default_results(model, task)
     machine = host(threads)   # named in the summary; its CPU and the threads also in the resume key
     settings = Settings(task, model.name, model.stat().st_size, max_tokens, threads=threads,
@@ -153,16 +179,21 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
     results.parent.mkdir(parents=True, exist_ok=True)
     for p in (results, summary_path(results)):   # before any plain file is made or problem answered
         check_output(p)
+    problems_file = data_dir(data) / DATA_FILES[task] if task in DATA_FILES else None   # HumanEval's: its package's
+    inputs = {"the model being evaluated": model, f"the {task} data": problems_file}
     for p in (results, summary_path(results)):
-        if p.exists() and os.path.samefile(p, model):
-            raise RiverError(f"{p}: that is the model being evaluated; choose another --results")
-    if fresh:
-        results.unlink(missing_ok=True)
+        for what, q in inputs.items():
+            if q is not None and p.exists() and os.path.samefile(p, q):
+                raise RiverError(f"{p}: that is {what}; choose another --results")
+    n_layer = _n_layer(model)
     done = {}
     by_id = {p.id: p for p in problems}
-    for r in read_results(results):
+    for r in ([] if fresh else read_results(results)):   # --fresh: the file is started over at its first new row
         if r.get("settings") != settings.key():
             raise RiverError(f"{results}: holds results of other settings ({r.get('settings')}); use --fresh "
+                             "to start over or --results for another file")
+        if len(r["hist"]) != n_layer + 1:
+            raise RiverError(f"{results}: a row's 'hist' has {len(r['hist'])} counts, not {n_layer + 1}; use --fresh "
                              "to start over or --results for another file")
         if r["config"] in _plain_types() and r.get("plain") != PLAIN_SOURCE:
             continue   # a plain file of an older recipe (ggml per tensor, before llama-quantize's): rerun
@@ -181,32 +212,64 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
                     models[c] = load_config(model, c, threads=threads, n_ctx=n_ctx, progress=progress)
         total = len(problems) * len(configs)
         count = total - len(todo)
-        if results.is_file() and (size := results.stat().st_size):   # drop a line an interrupted run cut short
-            with open(results, "r+b") as f:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    f.seek(0)
-                    f.truncate(f.read().rfind(b"\n") + 1)
-        with open(results, "a", encoding="utf-8") as f:
-            for p, c in todo:
-                say(f"{task} {p.id} [{c}]", count, total)
-                g = generate(models[c], p.prompt, max_tokens)
-                ok, got = score(task, p, g["completion"], timeout)
-                row = {"settings": settings.key(), "config": c, "id": p.id, "correct": bool(ok), "answer": got,
-                       "reference": p.reference if task != "humaneval" else None, **g,
-                       **({"plain": PLAIN_SOURCE} if c in _plain_types() else {})}
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                done[(c, p.id)] = row
-                count += 1
-                say(f"{task} {p.id} [{c}]", count, total)
+        for k, (p, c) in enumerate(todo):
+            say(f"{task} {p.id} [{c}]", count, total)
+            g = generate(models[c], p.prompt, max_tokens)
+            ok, got = score(task, p, g["completion"], timeout)
+            row = {"settings": settings.key(), "config": c, "id": p.id, "correct": bool(ok), "answer": got,
+                   "reference": p.reference if task != "humaneval" else None, **g,
+                   **({"plain": PLAIN_SOURCE} if c in _plain_types() else {})}
+            _append(results, (json.dumps(row) + "\n").encode(), first=k == 0, fresh=fresh)
+            done[(c, p.id)] = row
+            count += 1
+            say(f"{task} {p.id} [{c}]", count, total)
     finally:
         for m in models.values():
             m.close()
     rows = [done[(c, p.id)] for p in problems for c in configs]
-    n_layer = _n_layer(model)
     return {**summarize(rows, configs, settings=settings, n_layer=n_layer, threads=threads, results=str(results),
                         n_problems=len(problems)), "host": machine}
+
+
+def _append(path: Path, line: bytes, first: bool, fresh: bool) -> None:
+    """One row onto the results, whole or not at all (a failed write is cut back; a file it made, removed). The
+    file is opened only here: a run that fails before its first answer leaves it as it was."""
+    end = None
+    try:
+        with open(path, "wb" if first and fresh else "a+b") as f:
+            if first and not fresh:
+                _mend_tail(f)
+            end = f.seek(0, os.SEEK_END)
+            f.write(line)
+    except OSError as e:
+        if end is not None:
+            with contextlib.suppress(OSError):
+                os.truncate(path, end)
+                if end == 0:
+                    path.unlink()
+        raise RiverError(f"{path}: {e.strerror or e}") from None
+
+
+def _mend_tail(f) -> None:
+    """A last line without its newline: cut short by an interrupted run (read_results dropped it), so cut off;
+    or a complete row, kept and ended before the next one."""
+    size = f.seek(0, os.SEEK_END)
+    if not size:
+        return
+    f.seek(size - 1)
+    if f.read(1) == b"\n":
+        return
+    f.seek(0)
+    data = f.read()   # bounded: read_results read it within tasks.MAX_JSONL_BYTES
+    start = data.rfind(b"\n") + 1
+    try:
+        whole = isinstance(json.loads(data[start:]), dict)
+    except ValueError:
+        whole = False
+    if whole:
+        f.write(b"\n")
+    else:
+        f.truncate(start)
 
 
 def _n_layer(model: Path) -> int:

@@ -25,6 +25,8 @@ TASKS = ("gsm8k", "math", "humaneval")
 # completions by today's extraction on every resume (evaluate.run); HumanEval verdicts are kept as run.
 PROMPT_VERSION = 1
 HUMANEVAL_DEFAULT_LIMIT = 80  # problems 0-79 by default (docs/design.md §5: develop on the first 80)
+DATA_FILES = {"gsm8k": "gsm8k/test_dev.jsonl", "math": "math500/dev.jsonl"}   # in the data folder
+MAX_JSONL_BYTES = 64 << 20   # the real test sets are a few MB; parsing holds ~20x the file in memory
 
 
 # -- data ----------------------------------------------------------------------------------------------
@@ -45,36 +47,45 @@ def data_dir(explicit: str | os.PathLike | None = None) -> Path:
                      "give --data-dir or set RIVER_EDGE_DATA to the folder holding gsm8k/ and math500/")
 
 
-def read_jsonl(path: Path, cut_last: bool = False) -> list[dict]:
-    """The JSON objects of a JSON-lines file; RiverError naming the first line that is not one, except a last line
-    cut short when `cut_last` (a file an interrupted run was appending to: that line is dropped)."""
+def read_jsonl(path: Path, cut_last: bool = False, limit: int | None = None) -> list[dict]:
+    """The JSON objects of a JSON-lines file (its first `limit`: the rest is not parsed); RiverError naming the first
+    line that is not one, except a last line cut short (no newline) when `cut_last` (a file an interrupted run was
+    appending to: that line is dropped). A file over MAX_JSONL_BYTES is refused."""
     if not path.is_file():
         raise RiverError(f"{path}: not found (the {path.parent.name} data); check --data-dir / RIVER_EDGE_DATA")
+    if (size := path.stat().st_size) > MAX_JSONL_BYTES:
+        raise RiverError(f"{path}: {size / 2**20:.0f} MiB, more than the {MAX_JSONL_BYTES >> 20} MiB allowed here")
     rows = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if limit is not None and len(rows) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    if cut_last and not line.endswith("\n"):   # only the last line can lack its newline
+                        break
+                    raise RiverError(f"{path}:{i}: not a JSON line") from None
+                if not isinstance(row, dict):
+                    raise RiverError(f"{path}:{i}: not a JSON object")
+                rows.append(row)
     except UnicodeDecodeError:
         raise RiverError(f"{path}: not UTF-8 text") from None
-    for i, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                if cut_last and i == len(lines):
-                    break
-                raise RiverError(f"{path}:{i}: not a JSON line") from None
-            if not isinstance(row, dict):
-                raise RiverError(f"{path}:{i}: not a JSON object")
-            rows.append(row)
     return rows
 
 
-def _fields(path: Path, rows: list[dict], *names: str) -> None:
-    """Each row has the fields a task reads (the first of a group separated by '|' that it has)."""
+def _fields(path: Path, rows: list[dict], *names: str, optional: tuple[str, ...] = ()) -> None:
+    """Each row has the text fields a task reads (of an 'a|b' group, the first it has); `optional` ones, if there."""
     for i, r in enumerate(rows, 1):
-        for want in names:
-            if not any(n in r for n in want.split("|")):
+        for want in (*names, *optional):
+            n = next((n for n in want.split("|") if n in r), None)
+            if n is None and want not in optional:
                 raise RiverError(f"{path}: row {i} has no {want.replace('|', ' or ')!r} field")
+            if n is not None and not isinstance(r[n], str):
+                raise RiverError(f"{path}: row {i} field {n!r} is {json.dumps(r[n])[:40]}, not a string")
 
 
 @dataclass
@@ -88,17 +99,20 @@ class Problem:
 def load_problems(task: str, limit: int | None = None, data: str | os.PathLike | None = None) -> list[Problem]:
     if task not in TASKS:
         raise RiverError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
-    if task == "gsm8k":
-        path = data_dir(data) / "gsm8k" / "test_dev.jsonl"
-        _fields(path, rows := read_jsonl(path), "question", "answer")
+    if task == "gsm8k":   # problems in file order: only the first `limit` rows are read
+        path = data_dir(data) / DATA_FILES[task]
+        _fields(path, rows := read_jsonl(path, limit=limit), "question", "answer")
         probs = [Problem(f"gsm8k/{i}", GSM8K_PROMPT.format(question=r["question"]), gsm8k_reference(r["answer"]))
                  for i, r in enumerate(rows)]
     elif task == "math":
-        path = data_dir(data) / "math500" / "dev.jsonl"
-        _fields(path, rows := read_jsonl(path), "problem", "answer|solution")
+        path = data_dir(data) / DATA_FILES[task]
+        _fields(path, rows := read_jsonl(path, limit=limit), "problem", "answer|solution", optional=("unique_id",))
         probs = [Problem(r.get("unique_id", f"math/{i}"), MATH_PROMPT.format(problem=r["problem"]),
                          r["answer"] if "answer" in r else last_boxed(r["solution"]) or "")
                  for i, r in enumerate(rows)]
+        first = {}   # an id names one problem's results rows
+        if i := next((i for i, p in enumerate(probs, 1) if first.setdefault(p.id, i) != i), None):
+            raise RiverError(f"{path}: row {i} repeats row {first[probs[i - 1].id]}'s unique_id {probs[i - 1].id!r}")
     else:
         probs = humaneval_problems()
         if limit is None:
