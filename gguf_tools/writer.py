@@ -125,8 +125,16 @@ def replacing(dst: str | Path, suffix: str = ".part"):
         yield tmp
         os.chmod(tmp, _file_mode())
         os.replace(tmp, dst)
+    except OSError as e:
+        raise _named(e, dst) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _named(e: OSError, dst: Path) -> OSError:
+    """A write error that names no file (a full disk: ENOSPC) names the output it was writing, for the one-line
+    error the CLI prints."""
+    return e if e.filename else OSError(e.errno, f"{e.strerror or e} (writing it)", str(dst))
 
 
 @contextlib.contextmanager
@@ -143,10 +151,12 @@ def replacing_together(dsts: list[str | Path], suffix: str = ".part"):
             os.chmod(t, _file_mode())
         for t, d in zip(tmps, dsts):
             os.replace(t, d)
-    except BaseException:
+    except BaseException as e:
         for t, d in zip(tmps, dsts):
             if not t.exists():   # renamed in by this run (a counter could miss the rename an interrupt followed)
                 d.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _named(e, dsts[-1]) from None
         raise
     finally:
         for t in tmps:

@@ -201,3 +201,18 @@ def test_a_big_endian_gguf_is_named_as_such(tiny_llama_base, tmp_path):
     p = tmp_path / "be.gguf"
     p.write_bytes(bytes(data))
     assert "big-endian" in validate(p)[0]
+
+
+def test_a_write_error_that_names_no_file_names_the_output(tmp_path):
+    """A full disk (ENOSPC) names no file: the one-line error said only "No space left on device"."""
+    import errno
+
+    from river_edge.gguf_tools.writer import replacing, replacing_together
+
+    for ctx, named in ((lambda: replacing(tmp_path / "out.gguf"), "out.gguf"),
+                       (lambda: replacing_together([tmp_path / "r.json", tmp_path / "r.gguf"]), "r.gguf")):
+        with pytest.raises(OSError) as e:
+            with ctx():
+                raise OSError(errno.ENOSPC, "No space left on device")
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / named)
+        assert sorted(p.name for p in tmp_path.iterdir()) == []   # nothing left either
