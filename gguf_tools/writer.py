@@ -119,16 +119,8 @@ def _file_mode() -> int:
 def replacing(dst: str | Path, suffix: str = ".part"):
     """A temporary file beside `dst` (temp_beside) to write: when the block ends without an error it replaces
     `dst`, with an ordinary file's mode; either way it is gone afterwards."""
-    dst = Path(dst)
-    tmp = temp_beside(dst, suffix)
-    try:
+    with replacing_together([dst], suffix) as (tmp,):
         yield tmp
-        os.chmod(tmp, _file_mode())
-        os.replace(tmp, dst)
-    except OSError as e:
-        raise _named(e, dst) from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _named(e: OSError, dst: Path) -> OSError:
@@ -142,17 +134,18 @@ def replacing_together(dsts: list[str | Path], suffix: str = ".part"):
     """replacing() for outputs that must appear together (a GGUF and its reports): a temporary file for each,
     renamed in, in order, when the block ends without an error. If that is interrupted the ones already renamed
     in are removed, so a run leaves all of its outputs or none."""
-    dsts, tmps = [Path(d) for d in dsts], []
+    dsts, tmps, renaming = [Path(d) for d in dsts], [], False
     try:
         for d in dsts:
             tmps.append(temp_beside(d, suffix))
         yield tmps
         for t in tmps:
             os.chmod(t, _file_mode())
+        renaming = True
         for t, d in zip(tmps, dsts):
             os.replace(t, d)
     except BaseException as e:
-        for t, d in zip(tmps, dsts):
+        for t, d in zip(tmps, dsts) if renaming else ():
             if not t.exists():   # renamed in by this run (a counter could miss the rename an interrupt followed)
                 d.unlink(missing_ok=True)
         if isinstance(e, OSError):

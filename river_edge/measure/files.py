@@ -53,15 +53,16 @@ DERIVED = "river_edge.derived"   # a GGUF key on the files _derive writes (llama
 
 
 def _ours(dst: Path) -> bool:
-    """A file _derive wrote: it carries DERIVED, or it sits in river-edge's cache (written there before the mark)."""
+    """A file _derive wrote: it sits in river-edge's cache (some written there before the mark; nothing to read), or
+    it carries DERIVED."""
     from river_edge.gguf_tools.reader import open_gguf, value
 
+    if dst.resolve().is_relative_to(zoo.cache_dir().expanduser().resolve()):
+        return True
     try:
-        if value(open_gguf(dst), DERIVED) is not None:
-            return True
+        return value(open_gguf(dst), DERIVED) is not None
     except RiverError:   # not a GGUF at all
         return False
-    return dst.resolve().is_relative_to(zoo.cache_dir().expanduser().resolve())
 
 
 def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:

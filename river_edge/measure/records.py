@@ -40,11 +40,9 @@ def where(m: dict) -> str:
     return "host not recorded (a run from before JSONs named their host: compare it only within this section)"
 
 
-def check_out(out_dir: str | Path, stem: str | None = None) -> Path:
+def check_out(out_dir: str | Path) -> Path:
     """The folder the results go to, made and checked before a measurement (not after minutes of it): a folder
-    this process can write (and where <stem>.json and <stem>.png may be written)."""
-    from river_edge.gguf_tools.writer import check_output
-
+    this process can write."""
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -52,8 +50,6 @@ def check_out(out_dir: str | Path, stem: str | None = None) -> Path:
         raise RiverError(f"{out_dir}: cannot make the output folder ({e.strerror or e})") from None
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise RiverError(f"{out_dir}: the output folder is not writable")
-    for ext in (".json", ".png") if stem else ():
-        check_output(out_dir / f"{stem}{ext}")
     return out_dir
 
 
@@ -62,7 +58,7 @@ def write(res: dict, out_dir: str | Path, stem: str, plot) -> tuple[Path, Path]:
     together or neither."""
     from river_edge.gguf_tools.writer import replacing_together
 
-    out_dir = check_out(out_dir, stem)
+    out_dir = check_out(out_dir)
     j, png = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
     with replacing_together([j, png]) as (tj, tpng):
         tj.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
