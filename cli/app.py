@@ -165,6 +165,12 @@ GpuLayers = Annotated[int, typer.Option(
                          "bench: with --mode.")]
 
 
+def check_rpc(rpc: Optional[str], gpu_layers: int) -> None:
+    if rpc and not gpu_layers:   # it would connect and offload nothing
+        raise typer.BadParameter("--rpc needs --gpu-layers: how many layers go to the servers (-1: all)",
+                                 param_hint="'--rpc'")
+
+
 def _version(value: bool):
     if value:
         from river_edge.measure.host import runtime

@@ -10,7 +10,7 @@ import typer
 from river_edge import format as F
 from river_edge.format import RiverError
 
-from .app import CacheDir, GpuLayers, command, finite, in_cache
+from .app import CacheDir, GpuLayers, check_rpc, command, finite, in_cache
 from .progress import Bars
 
 
@@ -89,9 +89,7 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         if given:
             raise typer.BadParameter(f"{' and '.join(given)} go{'es' if len(given) == 1 else ''} with --mode",
                                      param_hint=f"'{given[0]}'")
-    if rpc and not gpu_layers:   # it would connect and offload nothing
-        raise typer.BadParameter("--rpc needs --gpu-layers: how many layers go to the servers (-1: all)",
-                                 param_hint="'--rpc'")
+    check_rpc(rpc, gpu_layers)
     if rpc_delay and not rpc:
         raise typer.BadParameter("--rpc-delay goes with --rpc", param_hint="'--rpc-delay'")
     n_local, endpoints = 0, None

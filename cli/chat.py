@@ -7,7 +7,8 @@ import typer
 
 from river_edge import format as F
 
-from .app import CacheDir, Ctx, Decide, GpuLayers, Mode, ModelArg, Threads, command, fail, in_cache, model_path, rule
+from .app import (CacheDir, Ctx, Decide, GpuLayers, Mode, ModelArg, Threads, check_rpc, command, fail, in_cache,
+                  model_path, rule)
 from .progress import Bars
 
 
@@ -75,9 +76,7 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
         raise typer.BadParameter("--drafter needs --mode exact", param_hint="'--drafter'")
     if decide is not None and (no_river or (mode is not None and mode.value != "river")):
         raise typer.BadParameter("--decide needs river mode (the default)", param_hint="'--decide'")
-    if rpc and not gpu_layers:   # it would connect and offload nothing
-        raise typer.BadParameter("--rpc needs --gpu-layers: how many layers go to the servers (-1: all)",
-                                 param_hint="'--rpc'")
+    check_rpc(rpc, gpu_layers)
     for text, what in ((system, "--system"), (prompt, "--prompt")):
         if text is not None:
             check_text(text, what)

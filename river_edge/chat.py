@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Sequence, TextIO
 
 import numpy as np
+from jinja2 import TemplateError   # llama-cpp-python renders chat templates with jinja2 (its dependency)
 
 from . import format as F
 from .format import RiverError
@@ -231,7 +232,7 @@ class Chat:
                 stream = self._stream(meter)
                 first = next(stream)
                 break
-            except (ValueError, RuntimeError, OverflowError, _TemplateError) as e:
+            except (ValueError, RuntimeError, OverflowError, TemplateError) as e:
                 # the history, or the history and the start of the answer, no longer fit the context: forget the
                 # oldest exchange
                 full = _context_full(e)
@@ -377,13 +378,6 @@ def _bounded_lines(inp: TextIO):
         if len(line) > MAX_LINE:
             raise RiverError(f"a line of input is longer than {MAX_LINE} characters; the chat ends there")
         yield line
-
-
-try:
-    from jinja2 import TemplateError as _TemplateError   # llama-cpp-python renders chat templates with jinja2
-except ImportError:   # pragma: no cover
-    class _TemplateError(Exception):
-        pass
 
 
 def check_text(text: str, what: str) -> str:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from .format import RiverError
+from .ports import listen
 from river_edge.runtime.spec import MODES
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
@@ -174,27 +175,6 @@ def create_app(model: Path, *, name: str | None = None, mode: str | None = None,
     server_app._llama_proxy = proxy
     app.add_middleware(CheckModel, proxy=proxy)
     return app, proxy
-
-
-def listen(host: str, port: int):
-    """The server's socket, bound and listening: a taken port or an unknown host is a RiverError here, before
-    anything claims to be serving."""
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as e:
-        raise RiverError(f"cannot serve on {host}:{port}: {e.strerror}") from None
-    family, kind, proto, _, addr = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(128)
-    except OSError as e:
-        sock.close()
-        raise RiverError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
-    return sock
 
 
 def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, say=print, **kw) -> None:

@@ -18,6 +18,7 @@ import sys
 import time
 
 from river_edge.format import RiverError
+from river_edge.ports import listen
 
 _CONNECTED: dict[str, int] = {}   # endpoint -> devices it registered (a second register would double them)
 
@@ -94,12 +95,7 @@ def check_listen(host: str, port: int) -> None:
     except OSError:
         raise RiverError(f"cannot serve on {host}:{port}: the rpc-server listens on an IPv4 address "
                          "(127.0.0.1, 0.0.0.0 or one of this machine's)") from None
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:   # the server sets SO_REUSEADDR too
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise RiverError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+    listen(host, port).close()   # `river serve`'s check: bind and listen, then let go for ggml
 
 
 def serve(host: str = "127.0.0.1", port: int = 50052, threads: int | None = None) -> None:
