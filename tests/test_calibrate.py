@@ -190,21 +190,11 @@ def test_calibration_settings_are_checked():
         T.Settings(rule="per_layer")
 
 
-def test_the_single_rule_on_a_model_it_cannot_exit_is_the_backbone(tmp_path):
-    """Two layers: the rule may exit after none (min exit layer 1, last layer 1), so calibration writes the
-    never-exit thresholds (it crashed on an empty quantile)."""
-    from river_edge.gguf_tools import build_river, write_tiny_model
-
-    river = build_river(write_tiny_model(tmp_path / "two.gguf", "llama", n_layer=2, seed=4), tmp_path / "r.gguf")
-    s = T.Settings(n_prompts=2, decode_tokens=2, online_tokens=2, rule="single", prompts=["What is 1 plus 1?", "Hi"])
-    summary = REP.calibrate_file(river, tmp_path / "c.gguf", T.Target("kl", 0.05), s)
-    assert all(math.isinf(x) for x in summary["thresholds"])
-
-
-@pytest.mark.parametrize("n_layer, rule", [(1, "per-layer"), (1, "single"), (2, "per-layer")])
+@pytest.mark.parametrize("n_layer, rule", [(1, "per-layer"), (1, "single"), (2, "per-layer"), (2, "single")])
 def test_a_model_with_no_layer_to_exit_after_calibrates_to_never_exit(tmp_path, n_layer, rule):
     """One layer (and two, where the min exit layer 1 is the last): no layer the rule may exit after, so calibration
-    writes the never-exit thresholds (it crashed: argmax of an empty sequence) with a report that says so."""
+    writes the never-exit thresholds (it crashed: argmax of an empty sequence; the single rule, on an empty
+    quantile) with a report that says so."""
     from river_edge.gguf_tools import build_river, write_tiny_model
 
     river = build_river(write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=n_layer, seed=4), tmp_path / "r.gguf")

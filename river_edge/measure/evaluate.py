@@ -197,9 +197,8 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
                              "to start over or --results for another file")
         if r["config"] in _plain_types() and r.get("plain") != PLAIN_SOURCE:
             continue   # a plain file of an older recipe (ggml per tensor, before llama-quantize's): rerun
-        if task != "humaneval" and r["id"] in by_id:   # answers re-read by today's extraction (cheap, no code runs)
-            ok, got = score(task, by_id[r["id"]], r["completion"], timeout)
-            r = {**r, "correct": bool(ok), "answer": got}
+        if r["id"] in by_id:
+            r = _reread(task, by_id[r["id"]], r)
         done[(r["config"], r["id"])] = r
     say = progress or (lambda *a: None)
     todo = [(p, c) for p in problems for c in configs if (c, p.id) not in done]
@@ -284,6 +283,15 @@ def default_results(model: Path, task: str) -> Path:
     return Path("river-eval") / f"{model.stem}.{task}.jsonl"
 
 
+def _reread(task: str, problem, row: dict) -> dict:
+    """A stored GSM8K or MATH row with its answer read again from its completion by today's extraction (cheap: no
+    code runs); a HumanEval row as it was run."""
+    if task == "humaneval":
+        return row
+    ok, got = score(task, problem, row["completion"])
+    return {**row, "correct": bool(ok), "answer": got}
+
+
 def rescore(summary: dict, rows: list[dict], data: str | os.PathLike | None = None) -> dict:
     """`summary` (a GSM8K or MATH one) with each configuration's accuracy re-read from its rows' stored completions
     by today's answer extraction, as a resumed run re-reads them; completions and timings are not touched.
@@ -294,7 +302,7 @@ def rescore(summary: dict, rows: list[dict], data: str | os.PathLike | None = No
     problems = {p.id: p for p in load_problems(task, summary["problems"], data)}
     for c, d in summary["configs"].items():
         last = {r["id"]: r for r in rows if r["config"] == c and r["id"] in problems}   # a rerun row wins
-        d["correct"] = sum(bool(score(task, problems[i], r["completion"])[0]) for i, r in last.items())
+        d["correct"] = sum(_reread(task, problems[i], r)["correct"] for i, r in last.items())
         d["accuracy"] = d["correct"] / d["n"] if d["n"] else 0.0
     return summary
 

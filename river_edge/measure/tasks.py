@@ -21,9 +21,7 @@ import numpy as np
 from river_edge.format import RiverError
 
 TASKS = ("gsm8k", "math", "humaneval")
-# bump when a prompt changes: old results then do not resume. GSM8K/MATH answers are re-read from the stored
-# completions by today's extraction on every resume (evaluate.run); HumanEval verdicts are kept as run.
-PROMPT_VERSION = 1
+PROMPT_VERSION = 1   # bump when a prompt changes (old results then do not resume); answers are re-read (evaluate)
 HUMANEVAL_DEFAULT_LIMIT = 80  # problems 0-79 by default (docs/design.md §5: develop on the first 80)
 DATA_FILES = {"gsm8k": "gsm8k/test_dev.jsonl", "math": "math500/dev.jsonl"}   # in the data folder
 MAX_JSONL_BYTES = 64 << 20   # the real test sets are a few MB; parsing holds ~20x the file in memory
@@ -110,9 +108,10 @@ def load_problems(task: str, limit: int | None = None, data: str | os.PathLike |
         probs = [Problem(r.get("unique_id", f"math/{i}"), MATH_PROMPT.format(problem=r["problem"]),
                          r["answer"] if "answer" in r else last_boxed(r["solution"]) or "")
                  for i, r in enumerate(rows)]
-        first = {}   # an id names one problem's results rows
-        if i := next((i for i, p in enumerate(probs, 1) if first.setdefault(p.id, i) != i), None):
-            raise RiverError(f"{path}: row {i} repeats row {first[probs[i - 1].id]}'s unique_id {probs[i - 1].id!r}")
+        first: dict[str, int] = {}   # an id names one problem's results rows
+        for i, p in enumerate(probs, 1):
+            if (j := first.setdefault(p.id, i)) != i:
+                raise RiverError(f"{path}: row {i} repeats row {j}'s unique_id {p.id!r}")
     else:
         probs = humaneval_problems()
         if limit is None:
