@@ -216,3 +216,17 @@ def test_a_write_error_that_names_no_file_names_the_output(tmp_path):
                 raise OSError(errno.ENOSPC, "No space left on device")
         assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / named)
         assert sorted(p.name for p in tmp_path.iterdir()) == []   # nothing left either
+
+
+def test_a_failed_write_leaves_the_existing_output_alone(tmp_path):
+    """Only a rename phase cut short removes what it renamed in: an error inside the block (here after the
+    temporary file went away) leaves an existing output as it was."""
+    from river_edge.gguf_tools.writer import replacing
+
+    dst = tmp_path / "out.json"
+    dst.write_text("old")
+    with pytest.raises(ValueError):
+        with replacing(dst) as tmp:
+            tmp.unlink()
+            raise ValueError("failed")
+    assert dst.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["out.json"]
