@@ -6,7 +6,8 @@
     .venv/bin/python bench/results.py rescore   # GSM8K/MATH summaries re-read from their stored answers, then report
 
 `make results` runs the first. Each step writes one JSON into bench/results/ and is skipped when that file
-exists (`--redo STEP` runs it again); the accuracy evaluation also resumes per problem (JSONL in
+exists (`--redo STEP` runs it again); speed steps go to this machine's folder instead when bench/results/ holds
+another host's (bench/results/hosts/NAME/, records.host_folder); the accuracy evaluation also resumes per problem (JSONL in
 bench/results/eval/). The report writes bench/results/pareto_*.png, depth_*.png and the generated section of docs/results.md
 between the `results:begin` / `results:end` markers, from the JSON alone.
 """
@@ -143,18 +144,35 @@ STEPS = {
 }
 
 
+# speeds belong to one machine: these steps go to this host's folder (records.host_folder); the rest (accuracy,
+# calibration) are the same on every host and live in the results folder itself
+SPEED = ("modes_", "runtime_", "spec_compare_")
+
+
 def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    from river_edge.measure.host import host
+    from river_edge.measure.records import host_folder, machine
+
+    here = host()
+    speeds = host_folder(out, here)
+    for folder in (out, speeds):
+        folder.mkdir(parents=True, exist_ok=True)
+    if speeds != out:
+        print(f"speed steps: {speeds} (this machine, {here['cpu']['model']}; {out} holds another host's)")
     for name, (fn, kw) in STEPS.items():
         if only and name not in only:
             continue
-        dst = out / f"{name}.json"
+        folder = speeds if name.startswith(SPEED) else out
+        dst = folder / f"{name}.json"
         if dst.is_file() and name not in redo:
-            print(f"{name}: done ({dst.name})")
-            continue
+            other = machine(json.loads(dst.read_text()).get("host"))
+            if other in (None, machine(here)) or not name.startswith(SPEED):
+                print(f"{name}: done ({dst.relative_to(out)})")
+                continue
+            print(f"{name}: {dst} was measured on {other[0]}: measuring it here")
         print(f"{name}: running", flush=True)
         t0 = time.time()
-        res = fn(out, limit, **kw)
+        res = fn(folder, limit, **kw)
         if isinstance(res, dict):
             res.setdefault("step_seconds", time.time() - t0)
             res.setdefault("load_average_end", os.getloadavg())

@@ -92,3 +92,23 @@ def test_runs_from_another_host_get_their_own_tables(tmp_path):
     text = R.report(tmp_path, None)
     assert text.index("Other hosts: zen4") > text.index("host Xeon") and "host EPYC" in text.split("Other hosts")[1]
     assert (other / f"modes_{R.QWEN15}.png").is_file()
+
+
+def test_speed_steps_go_to_the_folder_of_the_host_they_run_on(tmp_path):
+    """`make results` on another machine neither skips speed steps another host did nor writes into its tables:
+    bench/results/ when its modes JSONs are this machine's (or it has none), else the hosts/ folder whose are,
+    else a new one named after the CPU and ggml's variant."""
+    from river_edge.measure.records import host_folder
+
+    here = {"cpu": {"model": "AMD EPYC", "isa": ["avx2", "avx512f"], "cpus": 2}, "runtime": {"cpu_variant": "zen4"}}
+    assert host_folder(tmp_path, here) == tmp_path                                   # nothing measured yet
+    xeon = _modes("Intel(R) Xeon(R) Processor", {"backbone": 5.0})
+    (tmp_path / f"modes_{R.SMOL}.json").write_text(json.dumps(xeon))
+    assert host_folder(tmp_path, here) == tmp_path / "hosts" / "amd-epyc-zen4"       # new folder, named after the CPU
+    mine = tmp_path / "hosts" / "zen4-box"
+    mine.mkdir(parents=True)
+    (mine / f"modes_{R.SMOL}.json").write_text(json.dumps(dict(xeon, host={"cpu": here["cpu"]})))
+    assert host_folder(tmp_path, here) == mine                                       # the folder of this machine's runs
+    fewer = dict(here, cpu=dict(here["cpu"], cpus=4))                                # same CPU, other core count
+    assert host_folder(tmp_path, fewer) == tmp_path / "hosts" / "amd-epyc-zen4"
+    assert host_folder(tmp_path, {"cpu": xeon["host"]["cpu"]}) == tmp_path           # the Xeon's own runs

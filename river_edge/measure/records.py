@@ -40,6 +40,27 @@ def where(m: dict) -> str:
     return "host not recorded (a run from before JSONs named their host: compare it only within this section)"
 
 
+def machine(h: dict | None) -> tuple | None:
+    """What makes two host records one machine for speed: CPU model, ISA and core count (None: not recorded)."""
+    cpu = (h or {}).get("cpu") or {}
+    return (cpu["model"], tuple(cpu.get("isa", ())), cpu.get("cpus")) if cpu.get("model") else None
+
+
+def host_folder(out: Path, here: dict) -> Path:
+    """Where this machine's speed JSONs go (`here`: host.host()): `out` when its speed JSONs were measured on this
+    machine or it has none; else the folder of out/hosts/ whose JSONs were; else a new one named after the CPU
+    and ggml's variant. So a run on another machine never skips a step because a different host did it, and never
+    writes into that host's tables."""
+    me = machine(here)
+    for folder in (out, *sorted(p for p in (out / "hosts").glob("*") if p.is_dir())):
+        seen = {machine(json.loads(p.read_text()).get("host")) for p in folder.glob("modes_*.json")} - {None}
+        if seen == {me} or (folder == out and not seen):
+            return folder
+    cpu = here["cpu"]["model"] + " " + ((here.get("runtime") or {}).get("cpu_variant") or "")
+    name = "-".join("".join(c if c.isalnum() else " " for c in cpu.lower()).split())
+    return out / "hosts" / (name or "host")
+
+
 def check_out(out_dir: str | Path) -> Path:
     """The folder the results go to, made and checked before a measurement (not after minutes of it): a folder
     this process can write."""

@@ -372,6 +372,12 @@ def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
                 lines += _modes(modes)
                 P.modes(modes, folder / f"modes_{key}.png")
                 lines += [f"![modes](bench/results/{rel}/modes_{key}.png)", ""]
+        for model in (SMOL, QWEN):
+            if r := load(folder, f"runtime_{model}"):
+                P.runtime(r, folder / f"runtime_{model}.png")
+                lines += _runtime(r) + [f"![runtime](bench/results/{rel}/runtime_{model}.png)", ""]
+        if s := load(folder, f"spec_compare_{QWEN15}"):
+            lines += _spec_compare(s) + [f"![spec_compare](bench/results/{rel}/spec_compare_{QWEN15}.png)", ""]
     text = "\n".join(lines).rstrip() + "\n"
     if readme is not None:   # plots linked relative to the page they appear in
         rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
