@@ -17,7 +17,7 @@ import numpy as np
 
 from . import format as F
 from . import zoo
-from .calibration.report import calibrate_file, prompt_tokens
+from .calibration.report import calibrate_file, check_target, prompt_tokens
 from .calibration.target import Settings, Target
 from .format import RiverError
 from .progress import Progress, no_progress
@@ -82,6 +82,7 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
         build_river(src, dst, **kw)
         return None
     settings = settings or Settings()
+    check_target(src, target)
     prompts = prompt_tokens(src, settings)   # the base's tokenizer is the river's: a bad prompt fails before the build
     tmp = temp_beside(dst, ".uncalibrated.gguf")
     try:

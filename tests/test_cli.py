@@ -389,6 +389,8 @@ FAILURES = [  # exit 1: one line on stderr
     (["build", "{base}", "-o", "{out}", "--layer-types", "q4_0,q8_0"], "layer_types has 2 entries"),
     (["build", "{base}", "-o", "{out}", "--imatrix", "{missing}"], "file not found"),
     (["build", "{base}", "-o", "{out}", "--prompts", "{missing}"], "file not found"),
+    (["build", "{base}", "-o", "{out}", "--max-depth", "4"], "not below the model's 4"),    # the backbone meets it
+    (["calibrate", "{river}", "-o", "{out}", "--max-depth", "1000"], "give --max-depth below 4"),
     (["build", "{base}", "-o", "{out}", "--prompts", "{badprompts}"], "prompt"),
     (["calibrate", "{base}", "-o", "{out}"], "no river tensors"),
     (["calibrate", "{missing}"], "file not found"),

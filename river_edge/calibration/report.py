@@ -68,6 +68,18 @@ def prompt_tokens(src: str | Path, s: Settings) -> list[list[int]]:
     return out
 
 
+def check_target(src: str | Path, target: Target) -> None:
+    """A depth target at or past the model's layer count is met by the backbone alone: refused, where a fit would
+    quietly write thresholds that never exit."""
+    from ..gguf_tools.reader import open_gguf, value
+
+    r = open_gguf(src)
+    n = value(r, f"{value(r, 'general.architecture')}.block_count")
+    if target.kind == "depth" and isinstance(n, int) and target.value >= n:
+        raise RiverError(f"a depth target of {target.value:g} layers is not below the model's {n}: every token would "
+                         f"run the whole backbone and the river never exit; give --max-depth below {n}")
+
+
 def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings = Settings(),
                    progress: Callable[[str, int, int], None] = lambda what, done, total: None,
                    label: str | None = None, prompts: list[list[int]] | None = None) -> dict:
@@ -84,6 +96,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     if dst.exists() and dst.resolve() == src.resolve():
         raise RiverError(f"{dst}: calibration never overwrites its input; choose another output")
     check(src, require_river=True)
+    check_target(src, target)
     if prompts is None:
         prompts = prompt_tokens(src, s)   # before the model: a bad prompt fails at once
     progress("loading the model", 0, 1)
