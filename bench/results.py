@@ -79,6 +79,12 @@ def step_modes(out: Path, limit: int | None, model: str, modes: str = MODES, bac
     return M.run(path, M.parse_modes(modes), progress=_say, flash_attn=flash_attn, **kw)
 
 
+def step_upcast(out: Path, limit: int | None, model: str) -> dict:
+    from river_edge import zoo
+    from river_edge.measure import upcast
+    return upcast.run(zoo.prepare(model), progress=_say)
+
+
 def step_runtime(out: Path, limit: int | None, model: str) -> dict:
     from river_edge.measure import bench as B
     kw = dict(B.QUICK) if limit else {}
@@ -125,6 +131,7 @@ def step_spec_compare(out: Path, limit: int | None, model: str) -> dict:
 STEPS = {
     f"calibration_{SMOL}": (step_calibration, dict(model=SMOL)),
     f"calibration_{QWEN}": (step_calibration, dict(model=QWEN)),
+    **{f"upcast_{m}": (step_upcast, dict(model=m)) for m in (SMOL, QWEN, QWEN15)},
     f"modes_{SMOL}": (step_modes, dict(model=SMOL, max_rounds=6)),
     f"modes_{QWEN}": (step_modes, dict(model=QWEN, max_rounds=4)),
     # the 1.5B's rounds capped: about 5 minutes each on 2 cores

@@ -103,7 +103,8 @@ def build(
     output: Annotated[str, typer.Option("--output", "-o", metavar="PATH", help="The river GGUF to write.",
                                         show_default=False)],
     backbone: Annotated[BackboneType, typer.Option(case_sensitive=False,
-                                                   help="Backbone precision: keep the source's, f16 or q8_0.")] = BackboneType.f16,
+                                                   help="Backbone precision: keep the source's tensors exactly, f16 (a quantized source's "
+                                                        "weights rounded to F16) or q8_0.")] = BackboneType.f16,
     river: Annotated[RiverType, typer.Option(case_sensitive=False, help="River type of every layer.")] = RiverType.q4_0,
     layer_types: Annotated[Optional[str], typer.Option(
         callback=layer_types_option, help="One river type per layer, comma separated (overrides --river), e.g. q4_0,q4_0,...,q8_0.")] = None,
@@ -128,7 +129,7 @@ def build(
 ):
     """Turn a base GGUF into a calibrated river GGUF in one go.
 
-    The backbone keeps the source's weights (upcast to f16 by default) and the river is each decoder \
+    The backbone is the source's weights (rounded to f16 by default; --backbone keep copies them) and the river is each decoder \
 layer quantized to 4 bits (q4_0 by default). Calibration then fits the exit thresholds to the target \
 on calibration prompts and writes its report: a table, OUT.calibration.png and OUT.calibration.json. \
 The input is never modified.

@@ -1,5 +1,5 @@
-"""The reference against stock llama.cpp on the real models (their F16 upcast: the same values as the shipped
-quantized files). Slow: a fresh machine downloads them from the package index."""
+"""The reference against stock llama.cpp on the real models (their F16 upcast: the shipped quantized
+weights rounded to F16). Slow: a fresh machine downloads them from the package index."""
 from __future__ import annotations
 
 import numpy as np

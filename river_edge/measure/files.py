@@ -111,7 +111,7 @@ def prepare_files(river_path: Path, progress: Progress | None = None, plain: Seq
     files = {"river": river_path}
     if backbone or plain:
         files["plain-f16"] = _derive(river_path, folder / f"{name}.backbone.gguf", "backbone", say)
-    for q in plain:   # llama-quantize of the F16 backbone (the shipped file's values, upcast)
+    for q in plain:   # llama-quantize of the F16 backbone (the shipped weights rounded to F16)
         same = q == info.get("backbone_type")   # a Q8_0 backbone is its own plain Q8_0 (no requantizing)
         files[q] = files["plain-f16"] if same else _derive(files["plain-f16"], folder / f"{name}.plain.{q}.gguf", q, say)
     if shipped:

@@ -56,11 +56,14 @@ def headline(out: Path) -> list[str]:
                         f"{mib:.0f} | {dash(mem, '{:.0f}')} |")
     if not by_host:
         return []
+    shares = [u["moved_share"] for m in (SMOL, QWEN, QWEN15) if (u := load(out, f"upcast_{m}"))]
+    moved = (f" ({min(shares):.0%}-{max(shares):.0%} of them move, each by at most 2^-11 of its value where F16 is "
+             "normal; docs/results.md)") if shares else ""
     out_lines = ["Greedy decoding; every configuration alternates in one process on the same chat prompts; median over "
                  "rounds and prompts with a bootstrap 95% interval. *Same text*: runs whose every token equals the "
-                 "backbone's. The offline models ship quantized and the backbone is their F16 upcast, the same values "
-                 "as the shipped file, so a speed-up over the backbone is not one over the file you have: that is the "
-                 "next column (and *x plain Q8_0* the one after: paired medians over the same rounds and prompts). Q8_0/Q4_K_M/Q4_0 are llama-quantize of the backbone. Peak memory: a fresh process "
+                 "backbone's. The offline models ship quantized and the backbone is their F16 upcast: the shipped "
+                 f"weights rounded to F16{moved}, a close twin of the shipped file but not a copy, so a speed-up over the "
+                 "backbone is not one over the file you have: that is the next column (and *x plain Q8_0* the one after: paired medians over the same rounds and prompts). Q8_0/Q4_K_M/Q4_0 are llama-quantize of the backbone. Peak memory: a fresh process "
                  "loading the file(s) and generating. *File MiB*: a backbone row's is the backbone alone (it ran from the "
                  "river GGUF with the river off), an exact row's the river GGUF (both weight sets). The rows *shipped weights + river* and *Q8_0 + river* are river "
                  "GGUFs whose backbone is the shipped file's own tensors or Q8_0: every configuration there runs with "

@@ -286,8 +286,8 @@ def _head_share(path: Path) -> float:
 
 
 def _shipped_type(base: str | None) -> str | None:
-    """The source model's main weight type: plain quantization to it copies the shipped weights, which the
-    F16 backbone is an upcast of, so that point is the backbone's own values, not a quantization of it."""
+    """The source model's main weight type: plain quantization of the backbone to it lands next to the
+    shipped weights themselves (the backbone is their F16 rounding), so that point is no quantization a user chooses."""
     if not base:
         return None
     from river_edge.gguf_tools.inspect import inspect_gguf

@@ -98,7 +98,8 @@ def _quality(q: dict, modes: dict | None) -> list[str]:
 def _dominance(q: dict) -> list[str]:
     """Plain words: which lossy river configuration is beaten on both axes by plain quantization."""
     c = q["configs"]
-    # the shipped type is no quantization of the backbone (the backbone is its upcast): not a fair point
+    # the shipped type re-quantized from the backbone (its weights rounded to F16) lands next to the shipped weights
+    # themselves: no quantization choice a user has, so not a fair point
     plain = {k: v for k, v in c.items() if k.startswith("q") and k != q.get("shipped_type")}
     lossy = {k: v for k, v in c.items() if k in ("river", "fast", "gated", "random") or k.startswith("tau=")}
     out = []
@@ -128,7 +129,7 @@ def _why(q: dict, cal: dict | None, modes: dict | None, lr: dict | None, rt: dic
     if "fast" in c and "q4_0" in c:
         out.append(f"- The river's own error: all-river (every layer and the head 4-bit) costs KL {c['fast']['kl']:.4f} "
                    f"where plain Q4_0 costs {c['q4_0']['kl']:.4f}: the river is a second rounding of weights that "
-                   "are already an upcast of the shipped quantization.")
+                   "are already the shipped quantization rounded to F16.")
     if cal and "fast" in c:
         ar, clean = cal["test"]["all_river"], cal.get("gate", {}).get("test_all_river")
         out.append("- KV pollution: all-river costs KL " +
@@ -318,16 +319,34 @@ def _plain_note(out: Path) -> str:
     return note
 
 
+def _upcast(out: Path) -> list[str]:
+    got = [(m, u) for m in (SMOL, QWEN, QWEN15) if (u := load(out, f"upcast_{m}"))]
+    if not got:
+        return []
+    below = sum(d["below_normal"] for _, u in got for d in u["types"].values())
+    zero = sum(d["to_zero"] for _, u in got for d in u["types"].values())
+    return ["**The backbone against the shipped file** (`upcast_*.json`, river_edge/measure/upcast.py, every "
+            "matrix): `river build` upcasts a quantized source by rounding its dequantized weights to F16, which moves "
+            + "; ".join(f"{u['moved_share']:.0%} of {m}'s weights ({'/'.join(u['types'])})" for m, u in got)
+            + f", each by at most {max(u['max_rel'] for _, u in got):.3g} of its value (F16's unit roundoff, 2^-11) "
+            f"where F16 is normal; {below:,} weights lie below that range and lose more, "
+            + ("none rounds to zero" if not zero else f"{zero:,} round to zero") +
+            ". So the backbone is a close twin of the shipped file, not a copy: ggml's kernels for the shipped types "
+            "also quantize activations to 8 bits where the F16 ones round them to F16, so the shipped file need not "
+            "write the backbone's text (*same text* of its rows in the modes tables). `river build --backbone keep` "
+            "keeps the shipped tensors exactly.", ""]
+
+
 def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
     """The generated section of `readme` (docs/results.md) from the JSON in `out`, its plots beside the JSON, and
     the headline table of `front` (the README) when given; returns the section's text."""
     lines = ["All figures: 2 threads on a shared 2-core x86 machine, greedy decoding. Weights: the offline models "
              "ship quantized (SmolLM2-135M-Instruct Q4_1, Qwen2.5-Coder-0.5B and 1.5B Q4_K_M); the backbone is their F16 "
-             "upcast, the river Q4_0 re-quantized from it (with a Q4_0 copy of the LM head for all-river drafts), and "
+             "upcast (their weights rounded to F16: below), the river Q4_0 re-quantized from it (with a Q4_0 copy of the LM head for all-river drafts), and "
              f"{_plain_note(out)} Regenerate with "
              "`make results` (all measurements, resumable; at full accuracy-set sizes about 9 hours on 2 cores, the accuracy runs shown are subsets: see their problem counts) or `.venv/bin/python bench/results.py report` (this "
              "text and the plots, from `bench/results/*.json`).", ""]
-    lines += _headline(out)
+    lines += _upcast(out) + _headline(out)
     for model in (SMOL, QWEN):
         modes = load(out, f"modes_{model}")
         q = load(out, f"quality_{model}")
