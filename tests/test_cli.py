@@ -432,6 +432,7 @@ USAGE = [  # exit 2: typer's usage message
     ["calibrate", "{river}", "--n-prompts", "x"],
     ["calibrate", "{river}", "--online-tokens", "99999999999"],
     ["build", "{base}", "-o", "{out}", "--n-prompts", "99999"],
+    ["bench", "{river}", "--mode", "river", "--draft", "{river}"],  # --draft unused without exact:draft
     ["chat", "{river}", "-p", "hi", "--ctx", "4294967297"],
     ["chat", "{river}", "-p", "hi", "--threads", "100000"],
     ["serve", "{river}", "--threads", "5000"],
