@@ -4,8 +4,8 @@ One model, every decoding mode: a request names `NAME` (the server's mode) or `N
 (`NAME:exact`, `NAME:river`, ...), and `/v1/models` lists them all. Requests run one at a time (the
 app's lock), each under its own mode; RiverLlama drops KV cells another mode wrote, so a lossy request
 never leaks into an exact one. A bad model name (on any route), a request for logprobs (the model is loaded
-without logits_all) or for more than one choice, an empty prompt or text that is not valid Unicode is a 400
-before anything runs, streaming included.
+without logits_all) or for more than one choice, an empty prompt, text that is not valid Unicode or messages the
+chat template refuses to render is a 400 before anything runs, streaming included.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ class RiverProxy:
     def __init__(self, llm, name: str, mode: str):
         self.llm, self.name, self.default = llm, name, mode
         self.modes = MODES if llm.has_river else ("backbone",)
+        self.template = _gguf_template(llm)
 
     def resolve(self, model: str | None) -> str:
         """The mode a request's model field asks for; RiverError naming the problem otherwise."""
@@ -81,6 +82,34 @@ def refused(body: dict, path: str, proxy: RiverProxy) -> str | None:
         n = body.get("n")
         if n is not None and n != 1:
             return f"n = {n}: this server answers one choice per request"
+        if path == "/v1/chat/completions":
+            return template_error(body, proxy.template)
+    return None
+
+
+def _gguf_template(llm):
+    """The GGUF's chat template as llama-cpp-python's app renders it (its own formatter and tokens), or None when
+    the model chats through another format."""
+    if llm.chat_handler is not None or llm.chat_format != "chat_template.default":
+        return None
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    text = lambda t: llm._model.token_get_text(t) if t != -1 else ""   # noqa: E731 (as Llama.__init__ does)
+    return Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], text(llm.token_eos()), text(llm.token_bos()))
+
+
+def template_error(body: dict, template) -> str | None:
+    """Why the chat template cannot render the request's messages (a template's raise_exception, such as roles
+    that must alternate; a failing expression), or None. The app would answer it with a 500."""
+    from jinja2 import TemplateError   # llama-cpp-python's template engine
+
+    msgs = body.get("messages")
+    if template is None or not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+        return None   # the app's own validation answers malformed messages
+    try:
+        template(messages=msgs, **{k: body.get(k) for k in ("functions", "function_call", "tools", "tool_choice")})
+    except (TemplateError, ValueError, OverflowError) as e:
+        return f"the model's chat template cannot render these messages: {type(e).__name__}: {e}"
     return None
 
 

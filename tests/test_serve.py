@@ -25,8 +25,12 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
+    yield from _serve(tiny_llama)
+
+
+def _serve(model):
     port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "river_edge.cli.main", "serve", str(tiny_llama), "--port", str(port),
+    p = subprocess.Popen([sys.executable, "-m", "river_edge.cli.main", "serve", str(model), "--port", str(port),
                           "--name", "tiny", "--ctx", "512", "-t", "1"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
@@ -40,9 +44,11 @@ def server(tiny_llama):
                 p.kill()
                 pytest.fail(f"river serve did not start: {p.stdout.read()}")
             time.sleep(0.2)
-    yield client
-    p.terminate()
-    p.wait(10)
+    try:
+        yield client
+    finally:   # also when a test closes the generator
+        p.terminate()
+        p.wait(10)
 
 
 def _chat(client, model, **kw):
@@ -158,3 +164,24 @@ def test_a_taken_port_is_one_line_before_serving(tiny_llama):
                            capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "cannot serve on 127.0.0.1" in r.stderr and "serving" not in r.stderr
+
+
+def test_messages_the_chat_template_refuses_are_a_400(tiny_llama, tmp_path):
+    """A template's raise_exception (here: roles must alternate, as Mistral's and Llama 2's templates demand) was a
+    500 from llama-cpp-python's app; it is a 400 naming the template's reason, and the server answers on."""
+    from gguf import GGUFValueType
+    from gguf_edit import rewrite
+
+    template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}{{ m['content'] }}{% endfor %}")
+    model = rewrite(tiny_llama, tmp_path / "t.gguf", keys={"tokenizer.chat_template": (template, GGUFValueType.STRING)})
+    client = next(srv := _serve(model))
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny", messages=MSGS * 2, max_tokens=2)
+        assert "chat template cannot render these messages" in str(e.value) and "roles must alternate" in str(e.value)
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="tiny", messages=MSGS * 2, max_tokens=2, stream=True)
+        assert client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2).choices[0].message.content
+    finally:
+        srv.close()
