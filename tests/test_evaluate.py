@@ -306,6 +306,21 @@ def test_results_may_not_be_the_task_data(tiny_llama, data, tmp_path):
     assert "that is the math data" in r.stderr and len(T.load_problems("math", data=data)) == 2
 
 
+def test_results_may_not_be_a_gguf_or_humanevals_data(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
+    """--results naming a GGUF (the plain file a run loads, any model) or HumanEval's packaged problems is refused
+    before anything is written: --fresh would have emptied it."""
+    gguf = tmp_path / "m.plain.q8_0.gguf"
+    gguf.write_bytes(Path(tiny_llama_base).read_bytes())
+    r = run("eval", tiny_llama, "--task", "gsm8k", "--data-dir", data, "--results", gguf, "--fresh", code=1)
+    assert "that is a GGUF model file" in r.stderr and gguf.read_bytes() == Path(tiny_llama_base).read_bytes()
+    packaged = tmp_path / "HumanEval.jsonl.gz"   # a stand-in: the test never risks the real package's file
+    packaged.write_bytes(b"problems")
+    monkeypatch.setattr(E, "_humaneval_file", lambda: packaged)
+    monkeypatch.setattr(T, "humaneval_problems", lambda: [T.Problem("HumanEval/0", "p", "t", {})])
+    r = run("eval", tiny_llama, "--task", "humaneval", "--results", packaged, "--fresh", code=1)
+    assert "that is the humaneval data" in r.stderr and packaged.read_bytes() == b"problems"
+
+
 @pytest.mark.parametrize("sub, row, why", [
     ("gsm8k", {"question": 5, "answer": 7}, "row 2 field 'question' is 5, not a string"),
     ("gsm8k", {"question": "q", "answer": None}, "row 2 field 'answer' is null, not a string"),

