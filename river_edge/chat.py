@@ -112,8 +112,7 @@ class Meter:
     def decode_seconds(self) -> float:
         """From the first sampled token to the last, in every mode (the prompt's prefill is not in it)."""
         if self.passive:
-            st = self.llm._spec.st   # the latest call's first and last token (Spec._timed)
-            return float(st.call_last - st.call_first) if st.call_tokens > 1 else 0.0
+            return float(self.llm.stats()["call_decode_seconds"])
         return self.times[-1] - self.times[0] if len(self.times) > 1 else 0.0
 
     def tok_s(self) -> float:

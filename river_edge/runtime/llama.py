@@ -198,7 +198,7 @@ class RiverLlama(llama_cpp.Llama):
 
     def stats(self) -> dict:
         """Telemetry of the decoding mode since it was set: tokens, tok/s, acceptance rate, mean draft
-        length and cost model (exact), fallback rate (gated)."""
+        length and cost model (exact), fallback rate (gated); the latest call's first-to-last-token seconds."""
         return self._spec.stats()
 
     def tensor_buft(self, name: str) -> str | None:

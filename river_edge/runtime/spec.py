@@ -208,7 +208,9 @@ class Spec:
     def stats(self) -> dict:
         s = self.st
         d = {"mode": s.mode, "tokens": s.tokens, "seconds": s.seconds,
-             "tok_s": s.tokens / s.seconds if s.seconds > 0 else 0.0}
+             "tok_s": s.tokens / s.seconds if s.seconds > 0 else 0.0,
+             # the latest generate() call, from its first token to its last (every mode's decode clock)
+             "call_decode_seconds": s.call_last - s.call_first if s.call_tokens > 1 else 0.0}
         if s.mode == "exact":
             d.update(cycles=s.cycles, drafted=s.drafted, accepted=s.accepted,
                      acceptance_rate=s.accepted / s.drafted if s.drafted else float("nan"),
