@@ -220,6 +220,9 @@ def test_a_prompts_file_is_read_within_bounds(runner, tiny_llama_base, tmp_path)
     (tmp_path / "long.txt").write_text("Hi\n" + "x" * (P.MAX_LINE_CHARS + 1) + "\n")
     with pytest.raises(RiverError, match=r"long.txt:2: a line of 1,048,577 characters; a prompt line holds at most"):
         P.read_prompts(tmp_path / "long.txt")
+    (tmp_path / "many.txt").write_text("x\n" * P.MAX_LINES)   # 256 KB that were millions of strings at 16 MiB
+    with pytest.raises(RiverError, match=r"many.txt: 131,072 lines; a calibration prompts file holds at most 131,071"):
+        P.read_prompts(tmp_path / "many.txt")
     assert not out.exists() and leftovers(tmp_path) == []
 
 

@@ -11,6 +11,7 @@ from ..format import RiverError
 # (a few characters each), so more is a wrong file (/dev/zero, a data dump), refused before it fills memory.
 MAX_FILE_BYTES = 16 << 20
 MAX_LINE_CHARS = 1 << 20
+MAX_LINES = 1 << 17   # 32x the prompts a calibration takes; millions of one-character lines cost a GB as strings
 
 
 class Prompt(str):
@@ -54,6 +55,8 @@ def read_prompts(path: str | Path) -> list[str]:
         raise RiverError(f"{path}: not a UTF-8 text file") from None
     except OSError as e:
         raise RiverError(f"{path}: cannot read ({e.strerror or e})") from None
+    if (n := text.count("\n")) >= MAX_LINES:   # counted before the lines are made
+        raise RiverError(f"{path}: {n:,} lines; a calibration prompts file holds at most {MAX_LINES - 1:,}")
     # lines end at \n only: str.splitlines would also cut at U+2028, form feeds, ... inside a prompt or a JSON string
     lines = [(i, ln.strip()) for i, ln in enumerate(text.split("\n"), 1) if ln.strip()]
     for i, ln in lines:
