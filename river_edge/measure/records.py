@@ -26,9 +26,12 @@ def host_line(m: dict) -> str:
     cpu = (m.get("host") or {}).get("cpu") or {}
     isa = [x for x in cpu.get("isa", []) if x in ("avx2", "avx512f", "amx_tile", "asimd", "sve")]
     bt = sorted({b for f in (m.get("buffer_types") or {}).values() for kinds in f.values() for b in kinds})
-    load = (m.get("load_before") or {}).get("loadavg_1_5_15")
+    h = m.get("host") or {}
+    load = m.get("load_before") or (m.get("machine") or {}).get("load_before") or {}
+    load = load.get("loadavg_1_5_15") if isinstance(load, dict) else load   # spec_compare: os.getloadavg() itself
+    load = load or h.get("loadavg_1_5_15")
     return (f"host {cpu.get('model', 'not recorded')}" + (f" ({', '.join(isa)})" if isa else "") +
-            f", {m.get('threads')} threads" + (f", load {load[0]}" if load else "") +
+            f", {m.get('threads') or h.get('threads')} threads" + (f", load {load[0]:.2f}" if load else "") +
             (f", weights in {'/'.join(bt)} buffers" if bt else ""))
 
 
