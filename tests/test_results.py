@@ -112,3 +112,21 @@ def test_speed_steps_go_to_the_folder_of_the_host_they_run_on(tmp_path):
     fewer = dict(here, cpu=dict(here["cpu"], cpus=4))                                # same CPU, other core count
     assert host_folder(tmp_path, fewer) == tmp_path / "hosts" / "amd-epyc-zen4"
     assert host_folder(tmp_path, {"cpu": xeon["host"]["cpu"]}) == tmp_path           # the Xeon's own runs
+
+
+def test_a_host_folder_shows_its_spec_compare_and_runtime_host(tmp_path):
+    """spec_compare records its load as os.getloadavg() (a list) and the runtime benchmark under host: a host
+    folder's sections name both (the report crashed on the list)."""
+    from river_edge.measure.records import host_line
+
+    host = {"cpu": {"model": "EPYC", "isa": ["avx2"]}, "threads": 2, "loadavg_1_5_15": [0.75, 0, 0]}
+    assert host_line({"host": host, "load_before": [1.234, 1.0, 1.0], "threads": 2}) == "host EPYC (avx2), 2 threads, load 1.23"
+    assert host_line({"host": host}) == "host EPYC (avx2), 2 threads, load 0.75"
+    other = tmp_path / "hosts" / "zen4"
+    other.mkdir(parents=True)
+    (other / f"spec_compare_{R.QWEN15}.json").write_text(json.dumps({
+        "model": R.QWEN15, "tokens": 8, "rounds": 2, "host": host, "load_before": [1.5, 1, 1],
+        "ratio_median": {"backbone": 1.0, "exact": 1.4}, "tok_s_median": {"backbone": 10.0, "exact": 14.0},
+        "identical_rounds": {"backbone": 2, "exact": 2}, "peak_mib": {}, "file_mib": {"backbone": 1, "river": 2, "draft": 1}}))
+    text = R.report(tmp_path, None)
+    assert "Other hosts: zen4" in text and "host EPYC (avx2), 2 threads, load 1.50" in text.split("Other hosts")[1]
