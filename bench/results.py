@@ -152,7 +152,7 @@ STEPS = {
 
 
 # speeds belong to one machine: these steps go to this host's folder (records.host_folder); the rest (accuracy,
-# calibration) are the same on every host and live in the results folder itself
+# calibration) are kept once, in the results folder itself, by choice (their host is named in them where recorded)
 SPEED = ("modes_", "runtime_", "spec_compare_")
 
 

@@ -2,7 +2,8 @@
 
   backbone       the plain backbone file, stock llama-cpp-python, greedy
   exact          river-edge's exact mode on the river GGUF (the river drafts, the backbone verifies)
-  prompt-lookup  llama-cpp-python's LlamaPromptLookupDecoding(num_pred_tokens=10) on the backbone file
+  prompt-lookup:N  llama-cpp-python's LlamaPromptLookupDecoding(num_pred_tokens=N) on the backbone file, N swept
+                 (2, 4 and its default 10: on a CPU an 11-token batch costs several steps)
   draft-model    classic speculative decoding: a smaller model of the same tokenizer drafts k tokens
                  greedily (its own KV cache, prefix reused), llama-cpp-python verifies
 
@@ -40,7 +41,7 @@ PROMPTS = [
     "import numpy as np\n\ndef softmax(x):\n",
 ]
 
-CONFIGS = ("backbone", "exact", "prompt-lookup", "draft-model")
+CONFIGS = ("backbone", "exact", "prompt-lookup:2", "prompt-lookup:4", "prompt-lookup:10", "draft-model")
 
 
 class ModelDraft(LlamaDraftModel):
@@ -74,8 +75,9 @@ def load(config: str, a) -> llama_cpp.Llama:
     if config == "exact":
         from river_edge.runtime.llama import RiverLlama
         return RiverLlama(a.river, mode="exact", **kw)
-    if config == "prompt-lookup":
-        return llama_cpp.Llama(a.backbone, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), **kw)
+    if config.startswith("prompt-lookup:"):
+        n = int(config.partition(":")[2])
+        return llama_cpp.Llama(a.backbone, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=n), **kw)
     if config == "draft-model":
         return llama_cpp.Llama(a.backbone, draft_model=ModelDraft(a.draft, a.k, n_ctx=1024, n_threads=a.threads,
                                                                   n_threads_batch=a.threads), **kw)
@@ -174,14 +176,15 @@ def _plot(s: dict, path: Path) -> None:
 
     cs = list(s["ratio_median"])
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    ax[0].bar(cs, [s["ratio_median"][c] for c in cs], color=["0.5", "C0", "C1", "C3"][: len(cs)])
+    colors = ["0.5" if c == "backbone" else "C0" if c == "exact" else "C3" if c == "draft-model" else "C1" for c in cs]
+    ax[0].bar(cs, [s["ratio_median"][c] for c in cs], color=colors)
     for i, c in enumerate(cs):
         ax[0].text(i, s["ratio_median"][c], f"{s['ratio_median'][c]:.2f}x\n{s['identical_rounds'][c]}/{s['rounds']} same",
                    ha="center", va="bottom", fontsize=8)
     ax[0].axhline(1, color="0.6", lw=0.8)
     ax[0].set_ylabel("decode speed / backbone (median of rounds)")
     ax[0].set_title(f"{s['model']}: greedy, {s['threads']} threads, {s['tokens']} tokens", fontsize=10)
-    ax[1].bar(cs, [s["peak_mib"].get(c) or 0 for c in cs], color=["0.5", "C0", "C1", "C3"][: len(cs)])
+    ax[1].bar(cs, [s["peak_mib"].get(c) or 0 for c in cs], color=colors)
     ax[1].set_ylabel("peak resident memory (MiB)")
     ax[1].set_title("load + 32 tokens, fresh process", fontsize=10)
     for a_ in ax:

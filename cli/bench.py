@@ -89,7 +89,7 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         if given:
             raise typer.BadParameter(f"{' and '.join(given)} go{'es' if len(given) == 1 else ''} with --mode",
                                      param_hint=f"'{given[0]}'")
-    if draft and modes and "exact:draft" not in modes:   # not silently unused either
+    if draft and "exact:draft" not in modes:   # not silently unused either (no --mode was refused above)
         raise typer.BadParameter("--draft is the draft model of exact:draft: add it to --mode", param_hint="'--draft'")
     check_rpc(rpc, gpu_layers)
     if rpc_delay and not rpc:

@@ -100,15 +100,20 @@ def _gguf_template(llm):
 
 def template_error(body: dict, template) -> str | None:
     """Why the chat template cannot render the request's messages (a template's raise_exception, such as roles
-    that must alternate; a failing expression), or None. The app would answer it with a 500."""
-    from jinja2 import TemplateError   # llama-cpp-python's template engine
+    that must alternate; a failing expression), or None. The app would answer it with a 500. Rendered as the app
+    renders them: after its own validation (which drops undeclared keys), with the fields it passes."""
+    from llama_cpp.server.types import CreateChatCompletionRequest
+    from pydantic import ValidationError
 
-    msgs = body.get("messages")
-    if template is None or not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
-        return None   # the app's own validation answers malformed messages
+    if template is None:
+        return None
     try:
-        template(messages=msgs, **{k: body.get(k) for k in ("functions", "function_call", "tools", "tool_choice")})
-    except (TemplateError, ValueError, OverflowError) as e:
+        req = CreateChatCompletionRequest.model_validate(body).model_dump()
+    except ValidationError:
+        return None   # the app's own 422 names what is malformed
+    try:
+        template(**{k: req.get(k) for k in ("messages", "functions", "function_call", "tools", "tool_choice")})
+    except Exception as e:   # whatever the template raises (TemplateError, ValueError, TypeError, ...) is the request's
         return f"the model's chat template cannot render these messages: {type(e).__name__}: {e}"
     return None
 
@@ -129,7 +134,8 @@ def _unencodable(x, where: str = "the request") -> str | None:
 
 class CheckModel:
     """ASGI middleware: a request that refused() turns down (a `model` the proxy cannot resolve, on any route;
-    logprobs; n > 1) gets a 400 with the reason, before the app starts (a streamed response could no longer
+    logprobs; n > 1; an empty prompt; text that is not Unicode; messages the chat template cannot render) gets a
+    400 with the reason, before the app starts (a streamed response could no longer
     change its status)."""
 
     def __init__(self, app, proxy: RiverProxy):

@@ -220,9 +220,11 @@ def test_a_prompts_file_is_read_within_bounds(runner, tiny_llama_base, tmp_path)
     (tmp_path / "long.txt").write_text("Hi\n" + "x" * (P.MAX_LINE_CHARS + 1) + "\n")
     with pytest.raises(RiverError, match=r"long.txt:2: a line of 1,048,577 characters; a prompt line holds at most"):
         P.read_prompts(tmp_path / "long.txt")
-    (tmp_path / "many.txt").write_text("x\n" * P.MAX_LINES)   # 256 KB that were millions of strings at 16 MiB
-    with pytest.raises(RiverError, match=r"many.txt: 131,072 lines; a calibration prompts file holds at most 131,071"):
+    (tmp_path / "many.txt").write_text("x\n" * P.MAX_LINES + "x")   # 256 KB that were millions of strings at 16 MiB
+    with pytest.raises(RiverError, match=r"many.txt: 131,073 lines; a calibration prompts file holds at most 131,072"):
         P.read_prompts(tmp_path / "many.txt")
+    (tmp_path / "many.txt").write_text("x\n" * P.MAX_LINES)   # the bound itself is read
+    assert len(P.read_prompts(tmp_path / "many.txt")) == P.MAX_LINES
     assert not out.exists() and leftovers(tmp_path) == []
 
 
@@ -393,7 +395,7 @@ FAILURES = [  # exit 1: one line on stderr
     (["build", "{base}", "-o", "{out}", "--imatrix", "{missing}"], "file not found"),
     (["build", "{base}", "-o", "{out}", "--prompts", "{missing}"], "file not found"),
     (["build", "{base}", "-o", "{out}", "--max-depth", "4"], "not below the model's 4"),    # the backbone meets it
-    (["calibrate", "{river}", "-o", "{out}", "--max-depth", "1000"], "give --max-depth below 4"),
+    (["calibrate", "{river}", "-o", "{out}", "--max-depth", "1000"], "give a depth below 4"),
     (["build", "{base}", "-o", "{out}", "--prompts", "{badprompts}"], "prompt"),
     (["calibrate", "{base}", "-o", "{out}"], "no river tensors"),
     (["calibrate", "{missing}"], "file not found"),

@@ -317,8 +317,12 @@ def test_results_may_not_be_a_gguf_or_humanevals_data(tiny_llama, tiny_llama_bas
     packaged.write_bytes(b"problems")
     monkeypatch.setattr(E, "_humaneval_file", lambda: packaged)
     monkeypatch.setattr(T, "humaneval_problems", lambda: [T.Problem("HumanEval/0", "p", "t", {})])
-    r = run("eval", tiny_llama, "--task", "humaneval", "--results", packaged, "--fresh", code=1)
-    assert "that is the humaneval data" in r.stderr and packaged.read_bytes() == b"problems"
+    for task in ("humaneval", "gsm8k"):   # any task's run: --fresh empties whatever file --results names
+        r = run("eval", tiny_llama, "--task", task, "--data-dir", data, "--results", packaged, "--fresh", code=1)
+        assert "that is the humaneval data" in r.stderr and packaged.read_bytes() == b"problems"
+    r = run("eval", tiny_llama, "--task", "gsm8k", "--data-dir", data, "--results", data / "math500" / "dev.jsonl",
+            "--fresh", code=1)
+    assert "that is the math data" in r.stderr
 
 
 @pytest.mark.parametrize("sub, row, why", [

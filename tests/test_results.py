@@ -3,6 +3,7 @@ dominates, and the README section written between its markers from the JSON."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -112,6 +113,42 @@ def test_speed_steps_go_to_the_folder_of_the_host_they_run_on(tmp_path):
     fewer = dict(here, cpu=dict(here["cpu"], cpus=4))                                # same CPU, other core count
     assert host_folder(tmp_path, fewer) == tmp_path / "hosts" / "amd-epyc-zen4"
     assert host_folder(tmp_path, {"cpu": xeon["host"]["cpu"]}) == tmp_path           # the Xeon's own runs
+    mine.rename(tmp_path / "hosts" / "amd-epyc-zen4")                                # its name taken by another machine
+    (tmp_path / "hosts" / "amd-epyc-zen4" / "modes_odd.json").write_text("[1, 2")    # a cut JSON is no host record
+    assert host_folder(tmp_path, fewer) == tmp_path / "hosts" / "amd-epyc-zen4-4c"
+    assert host_folder(tmp_path, here) == tmp_path / "hosts" / "amd-epyc-zen4"
+
+
+def test_make_results_routes_speed_steps_to_this_machines_folder(tmp_path, monkeypatch):
+    """bench/results.py run: a speed step goes to this machine's folder and is measured there even though the
+    results folder holds another host's; an accuracy step stays in the results folder; a speed JSON another
+    machine left in this machine's folder is measured again, one of this machine is not."""
+    import importlib.util
+
+    from river_edge.measure import host as H_
+
+    spec = importlib.util.spec_from_file_location("results_script", R.__file__.replace(
+        "river_edge/measure/report.py", "bench/results.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    here = {"cpu": {"model": "AMD EPYC", "isa": ["avx2"], "cpus": 2}, "runtime": {"cpu_variant": "zen4"}}
+    monkeypatch.setattr(H_, "host", lambda threads=None: here)
+    ran = []
+
+    def step(folder, limit, name):
+        ran.append((name, folder))
+        return {"host": here} if name.startswith("modes") else {}
+    monkeypatch.setattr(script, "STEPS", {n: (step, dict(name=n)) for n in ("modes_a", "modes_b", "quality_a")})
+    xeon = {"host": {"cpu": {"model": "Xeon", "isa": ["amx_tile"], "cpus": 2}}}
+    (tmp_path / "modes_a.json").write_text(json.dumps(xeon))
+    mine = tmp_path / "hosts" / "amd-epyc-zen4"
+    mine.mkdir(parents=True)
+    (mine / "modes_a.json").write_text(json.dumps({"host": here}))
+    (mine / "modes_b.json").write_text(json.dumps(xeon))                             # left by another machine
+    script.run(tmp_path, None, None, [])
+    assert ran == [("modes_b", mine), ("quality_a", tmp_path)]
+    assert json.loads((mine / "modes_b.json").read_text())["host"] == here and (tmp_path / "quality_a.json").is_file()
+    assert json.loads((tmp_path / "modes_a.json").read_text()) == xeon                # the other host's, untouched
 
 
 def test_a_host_folder_shows_its_spec_compare_and_runtime_host(tmp_path):
@@ -128,5 +165,9 @@ def test_a_host_folder_shows_its_spec_compare_and_runtime_host(tmp_path):
         "model": R.QWEN15, "tokens": 8, "rounds": 2, "host": host, "load_before": [1.5, 1, 1],
         "ratio_median": {"backbone": 1.0, "exact": 1.4}, "tok_s_median": {"backbone": 10.0, "exact": 14.0},
         "identical_rounds": {"backbone": 2, "exact": 2}, "peak_mib": {}, "file_mib": {"backbone": 1, "river": 2, "draft": 1}}))
+    runtime = json.loads((Path(R.__file__).parents[2] / "bench" / "results" / "hosts" / "amd-epyc-zen4" /
+                          f"runtime_{R.SMOL}.json").read_text())   # a real runtime benchmark's JSON
+    (other / f"runtime_{R.SMOL}.json").write_text(json.dumps(dict(runtime, host=host)))
     text = R.report(tmp_path, None)
     assert "Other hosts: zen4" in text and "host EPYC (avx2), 2 threads, load 1.50" in text.split("Other hosts")[1]
+    assert f"Runtime benchmark, {R.SMOL}" in text.split("Other hosts")[1] and (other / f"runtime_{R.SMOL}.png").is_file()

@@ -6,12 +6,13 @@ from importlib import resources
 from pathlib import Path
 
 from ..format import RiverError
+from .target import MAX_PROMPTS
 
 # What a prompts file may hold: calibration uses at most target.MAX_PROMPTS prompts of at most MAX_TOKENS tokens
 # (a few characters each), so more is a wrong file (/dev/zero, a data dump), refused before it fills memory.
 MAX_FILE_BYTES = 16 << 20
 MAX_LINE_CHARS = 1 << 20
-MAX_LINES = 1 << 17   # 32x the prompts a calibration takes; millions of one-character lines cost a GB as strings
+MAX_LINES = 32 * MAX_PROMPTS   # millions of one-character lines cost a GB as strings
 
 
 class Prompt(str):
@@ -55,8 +56,8 @@ def read_prompts(path: str | Path) -> list[str]:
         raise RiverError(f"{path}: not a UTF-8 text file") from None
     except OSError as e:
         raise RiverError(f"{path}: cannot read ({e.strerror or e})") from None
-    if (n := text.count("\n")) >= MAX_LINES:   # counted before the lines are made
-        raise RiverError(f"{path}: {n:,} lines; a calibration prompts file holds at most {MAX_LINES - 1:,}")
+    if (n := text.count("\n") + (not text.endswith("\n"))) > MAX_LINES:   # counted before the lines are made
+        raise RiverError(f"{path}: {n:,} lines; a calibration prompts file holds at most {MAX_LINES:,}")
     # lines end at \n only: str.splitlines would also cut at U+2028, form feeds, ... inside a prompt or a JSON string
     lines = [(i, ln.strip()) for i, ln in enumerate(text.split("\n"), 1) if ln.strip()]
     for i, ln in lines:

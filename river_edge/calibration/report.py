@@ -77,7 +77,7 @@ def check_target(src: str | Path, target: Target) -> None:
     n = value(r, f"{value(r, 'general.architecture')}.block_count")
     if target.kind == "depth" and isinstance(n, int) and target.value >= n:
         raise RiverError(f"a depth target of {target.value:g} layers is not below the model's {n}: every token would "
-                         f"run the whole backbone and the river never exit; give --max-depth below {n}")
+                         f"run the whole backbone and the river never exit; give a depth below {n}")
 
 
 def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings = Settings(),

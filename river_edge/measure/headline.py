@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .records import PLAIN, QWEN, QWEN15, SMOL, dash, host_line, load
+from .records import PLAIN, QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts
 
 
 def paired_ratio(m: dict, c: str, ref: str) -> float | None:
@@ -14,12 +14,6 @@ def paired_ratio(m: dict, c: str, ref: str) -> float | None:
     if ref not in m["configs"]:
         return None
     return float(np.median([r["tok_s"][c] / r["tok_s"][ref] for r in m["rows"]]))
-
-
-def other_hosts(out: Path) -> list[Path]:
-    """Folders of runs from hosts other than the one bench/results/ itself was measured on
-    (`bench/results.py run --out bench/results/hosts/NAME`): their own tables, never mixed into these."""
-    return sorted(p for p in (out / "hosts").glob("*") if p.is_dir())
 
 
 # (JSON key, label, name of its backbone row)
@@ -56,9 +50,10 @@ def headline(out: Path) -> list[str]:
                         f"{mib:.0f} | {dash(mem, '{:.0f}')} |")
     if not by_host:
         return []
-    shares = [u["moved_share"] for m in (SMOL, QWEN, QWEN15) if (u := load(out, f"upcast_{m}"))]
-    moved = (f" ({min(shares):.0%}-{max(shares):.0%} of them move, each by at most 2^-11 of its value where F16 is "
-             "normal; docs/results.md)") if shares else ""
+    ups = [u for m in (SMOL, QWEN, QWEN15) if (u := load(out, f"upcast_{m}"))]
+    moved = (f" ({min(u['moved_share'] for u in ups):.0%}-{max(u['moved_share'] for u in ups):.0%} of them move, "
+             f"each by at most {max(u['max_rel'] for u in ups):.2g} of its value where F16 is normal; "
+             "docs/results.md)") if ups else ""
     out_lines = ["Greedy decoding; every configuration alternates in one process on the same chat prompts; median over "
                  "rounds and prompts with a bootstrap 95% interval. *Same text*: runs whose every token equals the "
                  "backbone's. The offline models ship quantized and the backbone is their F16 upcast: the shipped "

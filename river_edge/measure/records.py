@@ -49,19 +49,37 @@ def machine(h: dict | None) -> tuple | None:
     return (cpu["model"], tuple(cpu.get("isa", ())), cpu.get("cpus")) if cpu.get("model") else None
 
 
+def recorded_machine(p: Path) -> tuple | None:
+    """machine() of a JSON file's host record; None for a file without one (or not a JSON object)."""
+    try:
+        d = json.loads(p.read_text())
+        return machine(d.get("host")) if isinstance(d, dict) and isinstance(d.get("host"), dict) else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def other_hosts(out: Path) -> list[Path]:
+    """Folders of runs from hosts other than the one `out` (bench/results/) itself was measured on,
+    bench/results/hosts/NAME/ (host_folder): their own tables, never mixed into these."""
+    return sorted(p for p in (out / "hosts").glob("*") if p.is_dir())
+
+
 def host_folder(out: Path, here: dict) -> Path:
     """Where this machine's speed JSONs go (`here`: host.host()): `out` when its speed JSONs were measured on this
-    machine or it has none; else the folder of out/hosts/ whose JSONs were; else a new one named after the CPU
-    and ggml's variant. So a run on another machine never skips a step because a different host did it, and never
-    writes into that host's tables."""
+    machine or it has none; else the folder of out/hosts/ holding this machine's; else a new one named after the CPU
+    and ggml's variant (with the core count, then a number, where that name is another machine's). So a run on
+    another machine never skips a step because a different host did it, and never writes into that host's tables."""
     me = machine(here)
-    for folder in (out, *sorted(p for p in (out / "hosts").glob("*") if p.is_dir())):
-        seen = {machine(json.loads(p.read_text()).get("host")) for p in folder.glob("modes_*.json")} - {None}
-        if seen == {me} or (folder == out and not seen):
+    for folder in (out, *other_hosts(out)):
+        seen = {recorded_machine(p) for p in folder.glob("modes_*.json")} - {None}
+        if me in seen or (folder == out and not seen):
             return folder
     cpu = here["cpu"]["model"] + " " + ((here.get("runtime") or {}).get("cpu_variant") or "")
-    name = "-".join("".join(c if c.isalnum() else " " for c in cpu.lower()).split())
-    return out / "hosts" / (name or "host")
+    name = "-".join("".join(c if c.isalnum() else " " for c in cpu.lower()).split()) or "host"
+    for n in (name, f"{name}-{here['cpu'].get('cpus')}c", *(f"{name}-{i}" for i in range(2, 100))):
+        if not (out / "hosts" / n).exists():
+            return out / "hosts" / n
+    raise RiverError(f"{out / 'hosts'}: no free folder name for this machine's results")
 
 
 def check_out(out_dir: str | Path) -> Path:

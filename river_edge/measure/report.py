@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 from . import plots as P
-from .headline import HEADLINE, headline, other_hosts, paired_ratio
-from .records import QWEN, QWEN15, SMOL, dash, host_line, load, where
+from .headline import HEADLINE, headline, paired_ratio
+from .records import QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts, where
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
@@ -79,7 +79,7 @@ def _quality(q: dict, modes: dict | None) -> list[str]:
         depth = f"{d['mean_depth']:.1f}/{L}" if "mean_depth" in d else "-"
         extra = f" (fallback {d['fallback_rate']:.2f})" if "fallback_rate" in d else ""
         if c == q.get("shipped_type"):
-            extra = " (the shipped type: the backbone's own values)"
+            extra = " (the shipped type: next to the shipped weights themselves)"
         out.append(f"| {c}{extra} | {max(d['kl'], 0):.4f} | {d['agreement']:.3f} | {d['perplexity']:.3f} | {depth} | "
                    f"{d['speed_ratio']:.2f} |")
     gates = [(r, c[f"gated@{r}"], c[f"gated-random@{r}"]) for r in (0.1, 0.25, 0.5)
@@ -337,6 +337,27 @@ def _upcast(out: Path) -> list[str]:
             "keeps the shipped tensors exactly.", ""]
 
 
+def _modes_block(folder: Path, key: str, rel: str = "") -> list[str]:
+    """A modes section with its figure (written beside the JSON); rel: the folder under bench/results/."""
+    if not (m := load(folder, f"modes_{key}")):
+        return []
+    P.modes(m, folder / f"modes_{key}.png")
+    return _modes(m) + [f"![modes](bench/results/{rel}modes_{key}.png)", ""]
+
+
+def _runtime_block(folder: Path, model: str, rel: str = "") -> list[str]:
+    if not (r := load(folder, f"runtime_{model}")):
+        return []
+    P.runtime(r, folder / f"runtime_{model}.png")
+    return _runtime(r) + [f"![runtime](bench/results/{rel}runtime_{model}.png)", ""]
+
+
+def _spec_block(folder: Path, rel: str = "") -> list[str]:
+    if not (s := load(folder, f"spec_compare_{QWEN15}")):
+        return []
+    return _spec_compare(s) + [f"![spec_compare](bench/results/{rel}spec_compare_{QWEN15}.png)", ""]
+
+
 def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
     """The generated section of `readme` (docs/results.md) from the JSON in `out`, its plots beside the JSON, and
     the headline table of `front` (the README) when given; returns the section's text."""
@@ -352,10 +373,7 @@ def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
         q = load(out, f"quality_{model}")
         if c := load(out, f"calibration_{model}"):
             lines += _calibration(c, model)
-        if modes:
-            lines += _modes(modes)
-            P.modes(modes, out / f"modes_{model}.png")
-            lines += [f"![modes](bench/results/modes_{model}.png)", ""]
+        lines += _modes_block(out, model)
         if q:
             lines += _quality(q, modes)
             lines += [f"![pareto](bench/results/pareto_{model}.png) ![depth](bench/results/depth_{model}.png)", ""]
@@ -365,38 +383,24 @@ def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
                       "backbone on the same text), in plain words:", ""] + _dominance(q) + ["", "Why:", ""]
             lines += _why(q, load(out, f"calibration_{model}"), modes, load(out, f"longrun_{model}"),
                           load(out, f"runtime_{model}")) + [""]
-        if r := load(out, f"runtime_{model}"):
-            P.runtime(r, out / f"runtime_{model}.png")
-            lines += _runtime(r) + [f"![runtime](bench/results/runtime_{model}.png)", ""]
+        lines += _runtime_block(out, model)
         if lr := load(out, f"longrun_{model}"):
             lines += _long(lr, model) + [f"![longrun](bench/results/longrun_{model}.png)", ""]
     for key in (f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
-        if modes := load(out, f"modes_{key}"):
-            lines += _modes(modes)
-            P.modes(modes, out / f"modes_{key}.png")
-            lines += [f"![modes](bench/results/modes_{key}.png)", ""]
+        lines += _modes_block(out, key)
     evals = {t: e for t in FULL if (e := load(out, f"eval_{QWEN}_{t}"))}
     if evals:
         lines += _eval(evals)
         P.pareto_accuracy(evals, out / f"pareto_accuracy_{QWEN}.png")
         lines += [f"![accuracy](bench/results/pareto_accuracy_{QWEN}.png)", ""]
-    if s := load(out, f"spec_compare_{QWEN15}"):
-        lines += _spec_compare(s) + [f"![spec_compare](bench/results/spec_compare_{QWEN15}.png)", ""]
-    for folder in other_hosts(out):
-        rel = folder.relative_to(out).as_posix()
-        lines += [f"### Other hosts: {folder.name}", "", f"Measured on another host (`bench/results/{rel}/`): its "
+    lines += _spec_block(out)
+    for folder in other_hosts(out):   # another host's speeds: the same sections, on their own
+        rel = folder.relative_to(out).as_posix() + "/"
+        lines += [f"### Other hosts: {folder.name}", "", f"Measured on another host (`bench/results/{rel}`): its "
                   "tables stand alone, never compared with the ones above.", ""]
         for key in (SMOL, QWEN, f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
-            if modes := load(folder, f"modes_{key}"):
-                lines += _modes(modes)
-                P.modes(modes, folder / f"modes_{key}.png")
-                lines += [f"![modes](bench/results/{rel}/modes_{key}.png)", ""]
-        for model in (SMOL, QWEN):
-            if r := load(folder, f"runtime_{model}"):
-                P.runtime(r, folder / f"runtime_{model}.png")
-                lines += _runtime(r) + [f"![runtime](bench/results/{rel}/runtime_{model}.png)", ""]
-        if s := load(folder, f"spec_compare_{QWEN15}"):
-            lines += _spec_compare(s) + [f"![spec_compare](bench/results/{rel}/spec_compare_{QWEN15}.png)", ""]
+            lines += _modes_block(folder, key, rel)
+        lines += [x for m in (SMOL, QWEN) for x in _runtime_block(folder, m, rel)] + _spec_block(folder, rel)
     text = "\n".join(lines).rstrip() + "\n"
     if readme is not None:   # plots linked relative to the page they appear in
         rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
