@@ -240,6 +240,17 @@ def test_a_users_file_named_like_a_plain_file_is_neither_used_nor_replaced(river
     assert prepare_files(river_copy, plain=("q4_0",))[0]["q4_0"].stat().st_mtime_ns == t   # reused
 
 
+def test_the_backbones_size_is_known_without_its_file(river_copy):
+    """The first screen's *File MiB* of a backbone row: the backbone's own file size, also where no plain backbone
+    file was written (a run of exact and backbone alone); the plain file is larger only by the river's keys' absence."""
+    from river_edge.measure.files import prepare_files
+
+    _, notes = prepare_files(river_copy, plain=())
+    assert "plain-f16" not in notes["file_bytes"]
+    files, _ = prepare_files(river_copy, plain=(), backbone=True)
+    assert abs(notes["backbone_bytes"] - files["plain-f16"].stat().st_size) < 4096   # header and keys only
+
+
 def test_the_output_folder_is_checked_before_measuring(river_copy, runner, tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("x")
     measured = []

@@ -96,6 +96,7 @@ def prepare_files(river_path: Path, progress: Progress | None = None, plain: Seq
     the cache); with `backbone`, the backbone as a plain file ("plain-f16"), written only when asked or when a
     plain quantization is made from it (it is as big as the backbone)."""
     from river_edge.gguf_tools.inspect import inspect_gguf
+    from river_edge.gguf_tools.reader import open_gguf
 
     say = progress or no_progress
     river_path = Path(river_path)
@@ -127,6 +128,9 @@ def prepare_files(river_path: Path, progress: Progress | None = None, plain: Seq
         "calibrated": bool(info.get("calibrated")),
         "min_exit_layer": info.get("min_exit_layer"),
         "file_bytes": {k: v.stat().st_size for k, v in files.items()},
+        # the backbone alone, as its own file would hold it (the river GGUF less its river tensors), written or not
+        "backbone_bytes": river_path.stat().st_size - sum(int(t.n_bytes) for t in open_gguf(river_path).tensors
+                                                         if t.name.startswith("river.")),
     }
     return files, notes
 

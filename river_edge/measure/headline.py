@@ -42,7 +42,8 @@ def headline(out: Path) -> list[str]:
             mem = (d.get("memory") or {}).get("peak_mib")
             name = {"backbone": backbone, "shipped": "the shipped file"}.get(c, c)
             # a backbone row: the backbone's own file (files.prepare_files' plain-f16), not the river GGUF it ran from
-            own = (m.get("notes") or {}).get("file_bytes", {}).get("plain-f16") if c == "backbone" else None
+            notes = m.get("notes") or {}
+            own = (notes.get("file_bytes", {}).get("plain-f16") or notes.get("backbone_bytes")) if c == "backbone" else None
             mib = own / 2**20 if own else d["file_mib"]
             rows.append(f"| {label} | {name} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f}x ({lo:.2f}-{hi:.2f}) | "
                         f"{dash(paired_ratio(m, c, 'shipped'), '{:.2f}x')} | {dash(paired_ratio(m, c, 'q8_0'), '{:.2f}x')} | "
