@@ -171,3 +171,15 @@ def test_a_host_folder_shows_its_spec_compare_and_runtime_host(tmp_path):
     text = R.report(tmp_path, None)
     assert "Other hosts: zen4" in text and "host EPYC (avx2), 2 threads, load 1.50" in text.split("Other hosts")[1]
     assert f"Runtime benchmark, {R.SMOL}" in text.split("Other hosts")[1] and (other / f"runtime_{R.SMOL}.png").is_file()
+
+
+def test_the_ceiling_of_exact_mode_comes_from_its_own_costs():
+    """The modes section's ceiling (every draft accepted): the best k over usable batch sizes, against the
+    backbone's measured decode step; none where no usable batch can pay."""
+    m = {"configs": {"backbone": {"tok_s_median": 50.0},   # a 20 ms step
+                     "exact": {"cost_model": {"draft_ms": 10.0, "verify_ms_used": [20.0, 30.0, 35.0],
+                                              "usable_batch": [True, True, True]}}}}
+    k, ratio, step = R._ceiling(m)
+    assert (k, step) == (2, 20.0) and ratio == pytest.approx(20 * 3 / (2 * 10 + 35))
+    m["configs"]["exact"]["cost_model"]["usable_batch"] = [True, False, False]
+    assert R._ceiling(m)[0] == 0

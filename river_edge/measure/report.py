@@ -65,7 +65,24 @@ def _modes(m: dict) -> list[str]:
                 f"1..{len(v)} tokens " + ", ".join(f"{x:.0f}" for x in v) + " ms. On hardware where a batch of 5 "
                 "costs about one step (GPU, Metal, more cores; none measured here) the cost model predicts more from the same acceptance: speed-up = "
                 "E(k) / (k draft + verify(k+1)) with E(k) = (1 - a^(k+1)) / (1 - a)."]
+        if (c := _ceiling(m)) is not None and c[0]:
+            out[-1] += (f" Here, if every draft were accepted, the best cycle (k = {c[0]}: {c[0]} drafts and a batch of "
+                        f"{c[0] + 1}) would give {c[1]:.2f}x the backbone's {c[2]:.0f} ms decode step: this drafter's "
+                        "ceiling on this host.")
+        elif c is not None:
+            out[-1] += " Here drafting cannot pay even if every draft were accepted: no usable batch costs little enough."
     return out + [""]
+
+
+def _ceiling(m: dict) -> tuple[int, float, float] | None:
+    """Exact mode's speed-up over the backbone at acceptance 1 from the JSON's own costs: (k, ratio, step ms)."""
+    ex, bb = m["configs"]["exact"]["cost_model"], m["configs"].get("backbone", {}).get("tok_s_median")
+    if not bb:
+        return None
+    v, ok, step = ex["verify_ms_used"], ex.get("usable_batch") or [], 1000.0 / bb
+    best = max(((k, step * (k + 1) / (k * ex["draft_ms"] + v[k])) for k in range(len(v))
+                if k < len(ok) and ok[k] or not ok), key=lambda x: x[1])
+    return best[0], best[1], step
 
 
 def _quality(q: dict, modes: dict | None) -> list[str]:
