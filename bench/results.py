@@ -158,7 +158,7 @@ SPEED = ("modes_", "runtime_", "spec_compare_")
 
 def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str]) -> None:
     from river_edge.measure.host import host
-    from river_edge.measure.records import host_folder, machine
+    from river_edge.measure.records import host_folder, machine, recorded_machine
 
     here = host()
     speeds = host_folder(out, here)
@@ -172,8 +172,8 @@ def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str]) -
         folder = speeds if name.startswith(SPEED) else out
         dst = folder / f"{name}.json"
         if dst.is_file() and name not in redo:
-            other = machine(json.loads(dst.read_text()).get("host"))
-            if other in (None, machine(here)) or not name.startswith(SPEED):
+            other = recorded_machine(dst) if name.startswith(SPEED) else None
+            if other in (None, machine(here)):
                 print(f"{name}: done ({dst.relative_to(out)})")
                 continue
             print(f"{name}: {dst} was measured on {other[0]}: measuring it here")

@@ -19,12 +19,11 @@ def rpc_server(
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, max=F.MAX_THREADS, help="CPU threads to compute with.")] = None,
 ):
     """Serve this machine's CPU to RPC clients (llama.cpp's rpc-server) until stopped."""
-    from river_edge.runtime.rpc import check_listen, parse_endpoints, serve
+    from river_edge.runtime.rpc import parse_endpoints, serve
 
     try:
         parse_endpoints(f"{host}:{port}")
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="'--host'") from None
-    check_listen(host, port)   # before saying it serves: a taken port or a name is one line, exit 1
-    typer.echo(f"rpc-server on {host}:{port} (Ctrl-C stops it)", err=True)
-    serve(host, port, threads)
+    # a taken port or a name is one line, exit 1, before it says it serves
+    serve(host, port, threads, say=lambda line: typer.echo(line, err=True))

@@ -86,7 +86,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     """Fit thresholds for the river GGUF `src` and write them to `dst` (never `src`), with the report
     beside it: DST.calibration.json and DST.calibration.png. `label` names the model in the summary and
     the plot (default: src's file name; a build through a temporary file passes the final name). `prompts`:
-    prompt_tokens(), when the caller checked them already. The three files appear together or not at all."""
+    prompt_tokens(), when the caller checked them and the target (check_target) already. The three files appear together or not at all."""
     from ..gguf_tools.build import set_river_keys
     from ..gguf_tools.writer import replacing_together
     from ..gguf_tools.inspect import check
@@ -96,8 +96,8 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     if dst.exists() and dst.resolve() == src.resolve():
         raise RiverError(f"{dst}: calibration never overwrites its input; choose another output")
     check(src, require_river=True)
-    check_target(src, target)
-    if prompts is None:
+    if prompts is None:   # else the caller checked them and the target (defaults.build_calibrated_river)
+        check_target(src, target)
         prompts = prompt_tokens(src, s)   # before the model: a bad prompt fails at once
     progress("loading the model", 0, 1)
     model = RiverModel(src, emulate=False)  # the exact math; ggml's rounding only matters at 1e-3

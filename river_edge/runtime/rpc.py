@@ -98,10 +98,13 @@ def check_listen(host: str, port: int) -> None:
     listen(host, port).close()   # `river serve`'s check: bind and listen, then let go for ggml
 
 
-def serve(host: str = "127.0.0.1", port: int = 50052, threads: int | None = None) -> None:
-    """Serve this machine's CPU to RPC clients until the process is stopped (blocks); check_listen first."""
+def serve(host: str = "127.0.0.1", port: int = 50052, threads: int | None = None, say=None) -> None:
+    """Serve this machine's CPU to RPC clients until the process is stopped (blocks); check_listen first, then
+    say(line) that it serves."""
     (endpoint,) = parse_endpoints(f"{host}:{port}")
     check_listen(host, port)
+    if say:
+        say(f"rpc-server on {host}:{port} (Ctrl-C stops it)")
     lib, reg = _ggml()
     start = _proc(lib, reg, "ggml_backend_rpc_start_server", None,
                   c.c_char_p, c.c_char_p, c.c_size_t, c.c_size_t, c.POINTER(c.c_void_p))
