@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from . import plots as P
+from . import upcast
 from .headline import HEADLINE, headline, paired_ratio
 from .records import QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts, where
 
@@ -336,24 +337,6 @@ def _plain_note(out: Path) -> str:
     return note
 
 
-def _upcast(out: Path) -> list[str]:
-    got = [(m, u) for m in (SMOL, QWEN, QWEN15) if (u := load(out, f"upcast_{m}"))]
-    if not got:
-        return []
-    below = sum(d["below_normal"] for _, u in got for d in u["types"].values())
-    zero = sum(d["to_zero"] for _, u in got for d in u["types"].values())
-    return ["**The backbone against the shipped file** (`upcast_*.json`, river_edge/measure/upcast.py, every "
-            "matrix): `river build` upcasts a quantized source by rounding its dequantized weights to F16, which moves "
-            + "; ".join(f"{u['moved_share']:.0%} of {m}'s weights ({'/'.join(u['types'])})" for m, u in got)
-            + f", each by at most {max(u['max_rel'] for _, u in got):.3g} of its value (F16's unit roundoff, 2^-11) "
-            f"where F16 is normal; {below:,} weights lie below that range and lose more, "
-            + ("none rounds to zero" if not zero else f"{zero:,} round to zero") +
-            ". So the backbone is a close twin of the shipped file, not a copy: ggml's kernels for the shipped types "
-            "also quantize activations to 8 bits where the F16 ones round them to F16, so the shipped file need not "
-            "write the backbone's text (*same text* of its rows in the modes tables). `river build --backbone keep` "
-            "keeps the shipped tensors exactly.", ""]
-
-
 def _modes_block(folder: Path, key: str, rel: str = "") -> list[str]:
     """A modes section with its figure (written beside the JSON); rel: the folder under bench/results/."""
     if not (m := load(folder, f"modes_{key}")):
@@ -384,7 +367,7 @@ def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
              f"{_plain_note(out)} Regenerate with "
              "`make results` (all measurements, resumable; at full accuracy-set sizes about 9 hours on 2 cores, the accuracy runs shown are subsets: see their problem counts) or `.venv/bin/python bench/results.py report` (this "
              "text and the plots, from `bench/results/*.json`).", ""]
-    lines += _upcast(out) + _headline(out)
+    lines += upcast.section(out) + _headline(out)
     for model in (SMOL, QWEN):
         modes = load(out, f"modes_{model}")
         q = load(out, f"quality_{model}")

@@ -1,5 +1,6 @@
 """How close the F16 backbone is to the shipped file: `river build` upcasts a quantized source by dequantizing
-it and rounding to F16 (gguf_tools/build.py), which moves part of the weights. Counted over every matrix."""
+it and rounding to F16 (gguf_tools/build.py), which moves part of the weights. Counted over every matrix (run), and
+the results page's paragraph on it (section)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,8 @@ import numpy as np
 
 from river_edge.gguf_tools.build import to_f32
 from river_edge.gguf_tools.reader import ggml_shape, n_dims, open_gguf
+
+from .records import QWEN, QWEN15, SMOL, load
 
 F16_TINY = float(np.finfo(np.float16).tiny)   # below it F16 is subnormal: fewer bits than 2^-11 relative
 
@@ -35,3 +38,22 @@ def run(src: str | Path, progress=None) -> dict:
     return {"source": Path(src).name, "types": types, "weights": n,
             "moved_share": sum(d["moved"] for d in types.values()) / max(n, 1),
             "max_rel": max((d["max_rel"] for d in types.values()), default=0.0), "f16_unit_roundoff": 2.0 ** -11}
+
+
+def section(out: Path) -> list[str]:
+    """The results page's paragraph on the upcast, from the upcast_*.json in `out`."""
+    got = [(m, u) for m in (SMOL, QWEN, QWEN15) if (u := load(out, f"upcast_{m}"))]
+    if not got:
+        return []
+    below = sum(d["below_normal"] for _, u in got for d in u["types"].values())
+    zero = sum(d["to_zero"] for _, u in got for d in u["types"].values())
+    return ["**The backbone against the shipped file** (`upcast_*.json`, river_edge/measure/upcast.py, every "
+            "matrix): `river build` upcasts a quantized source by rounding its dequantized weights to F16, which moves "
+            + "; ".join(f"{u['moved_share']:.0%} of {m}'s weights ({'/'.join(u['types'])})" for m, u in got)
+            + f", each by at most {max(u['max_rel'] for _, u in got):.3g} of its value (F16's unit roundoff, 2^-11) "
+            f"where F16 is normal; {below:,} weights lie below that range and lose more, "
+            + ("none rounds to zero" if not zero else f"{zero:,} round to zero") +
+            ". So the backbone is a close twin of the shipped file, not a copy: ggml's kernels for the shipped types "
+            "also quantize activations to 8 bits where the F16 ones round them to F16, so the shipped file need not "
+            "write the backbone's text (*same text* of its rows in the modes tables). `river build --backbone keep` "
+            "keeps the shipped tensors exactly.", ""]
