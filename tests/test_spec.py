@@ -298,31 +298,42 @@ def test_exact_sampling_distribution(tiny_qwen2, k, sampler, pen):
     assert tv < 0.1
 
 
-def test_accept_step_samples_the_target_distribution():
-    """The pure accept step: drafts drawn from q, kept or replaced from the residual, give tokens that
-    follow p exactly (two positions, independent p's: the joint is p0 x p1), on a skewed q that often
-    disagrees with p so that every path runs."""
-    from river_edge.runtime.sampling import accept
+def test_position_keyed_gumbel_samples_the_target_distribution():
+    """The sampling step: argmax of log p + the noise of (seed, position) is an exact draw from p over seeds; drafts
+    chosen from q on the same noise agree with it at least as often as their overlap suggests (the coupling); and
+    the noise of a position is the same whatever was drawn before (nothing depends on the draft length)."""
+    from river_edge.runtime.sampling import gumbel, scores
 
     rng = np.random.default_rng(1)
-    V, n = 5, 40_000
-    ps = [rng.dirichlet(np.ones(V)) for _ in range(3)]
-    qs = [rng.dirichlet(np.ones(V) * 0.5) for _ in range(2)]
-    counts = np.zeros((V, V))
-    kept = np.zeros(3, dtype=int)
-    for _ in range(n):
-        drafts = [int(rng.choice(V, p=q)) for q in qs]
-        out, j = accept(drafts, qs, lambda i: ps[i], rng)
-        assert len(out) == j + 1 and out[:j] == drafts[:j]
-        kept[j] += 1
-        if len(out) >= 2:
-            counts[out[0], out[1]] += 1
-        else:   # the first draft rejected: the second position is drawn as the next cycle would
-            counts[out[0], int(rng.choice(V, p=ps[1]))] += 1
-    assert kept.min() > 1000  # rejected at 0, at 1, and all kept: every path ran often
-    exp = np.outer(ps[0], ps[1]) * n
-    chi2 = float(((counts - exp) ** 2 / exp).sum())
-    assert chi2 < _chi2_quantile(V * V - 1), chi2
+    V, n = 6, 30_000
+    p, q = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V) * 0.5)
+    counts, agree = np.zeros(V), 0
+    for seed in range(n):
+        t = int(scores(p, seed, 7).argmax())
+        counts[t] += 1
+        agree += t == int(scores(q, seed, 7).argmax())
+    chi2 = float(((counts - p * n) ** 2 / (p * n)).sum())
+    assert chi2 < _chi2_quantile(V - 1), chi2
+    overlap = np.minimum(p, q).sum()
+    assert agree / n > overlap / (1 + (1 - overlap)) - 0.02, (agree / n, overlap)   # the Gumbel coupling's bound
+    ids = np.arange(V)
+    assert np.array_equal(gumbel(3, 9, ids), gumbel(3, 9, ids)) and not np.array_equal(gumbel(3, 9, ids), gumbel(3, 10, ids))
+    assert np.array_equal(gumbel(3, 9, ids)[[4, 1]], gumbel(3, 9, np.array([4, 1])))   # per id, not per draw
+    assert np.isneginf(scores(np.array([0.5, 0.0, 0.5]), 1, 1)[1])                      # outside the support: never
+
+
+def test_seeded_exact_sampling_does_not_depend_on_the_draft_lengths(tiny_qwen2):
+    """A seed gives one text in exact mode whatever k the cost model picks (k comes from timed costs, so it differs
+    between runs and processes): k = 0, 1, 3, random per cycle, each the same text."""
+    ex = _llm(tiny_qwen2, "exact")
+    r = np.random.default_rng(0)
+    texts = []
+    for k in (0, 1, 3, lambda: int(r.integers(0, 6))):
+        ex._spec.fixed_k = k
+        texts.append(ex.create_completion("hello world", max_tokens=40, temperature=0.9, top_k=20, seed=7)
+                     ["choices"][0]["text"])
+    assert len(set(texts)) == 1 and texts[0]
+    assert ex.stats()["drafted"] > 0 and ex.stats()["rejected_cycles"] > 0   # drafts kept and drafts overruled
 
 
 @pytest.mark.slow
@@ -599,3 +610,29 @@ def test_drafts_and_verifications_run_on_the_decode_threads(model, monkeypatch):
     ex = _llm(model, "exact", n_threads=1, n_threads_batch=2)
     assert _gen(ex, PROMPTS[0]) == ref
     assert calls == [(1, 1), (1, 2)] and ex.stats()["cycles"] > 0
+
+
+@pytest.mark.parametrize("abandoned,running", [("exact", "exact"), ("exact", "backbone"), ("gated", "fast")])
+def test_an_abandoned_stream_leaves_a_running_call_alone(model, abandoned, running):
+    """A stream its caller stopped reading and that is closed later (by a server's cleanup or the garbage collector)
+    while another call runs: its cleanup must not cut that call's cache, nor reset its exit or threads."""
+    llm = _llm(model, running, n_ctx=512)
+    p1, p2 = "the cat sat", "a long river runs through the old town and on to the sea"
+    ref = llm.create_completion(p2, max_tokens=40, temperature=0)["choices"][0]["text"]
+    llm.mode = abandoned
+    g1 = llm.create_completion(p1, max_tokens=200, temperature=0, stream=True)
+    for _ in range(5):
+        next(g1)
+    llm.mode = running
+    g2 = llm.create_completion(p2, max_tokens=40, temperature=0, stream=True)
+    got = [next(g2)["choices"][0]["text"] for _ in range(8)]
+    g1.close()
+    got += [c["choices"][0]["text"] for c in g2]
+    assert "".join(got) == ref
+    # and a stream closed while it still owns the model cuts the cache back as backbone decoding leaves it: every
+    # token it emitted but the last
+    llm.mode = "exact"
+    g3 = llm.generate(PROMPTS[0], temp=0.0)
+    [next(g3) for _ in range(3)]
+    llm.end_streams()
+    assert llm.n_tokens == len(PROMPTS[0]) + 2

@@ -9,7 +9,7 @@ import numpy as np
 from river_edge.runtime.sampling import entropy
 
 
-def gated(spec, tokens: list[int], kw: dict):
+def gated(spec, tokens: list[int], kw: dict, me: int):
     """River step per token; when its entropy >= the gate the backbone re-decodes the position.
     The token comes from llama.cpp's own sampler chain (all settings supported), so gate 0 gives
     the backbone's output and gate +inf the all-river output, seed for seed."""
@@ -52,4 +52,5 @@ def gated(spec, tokens: list[int], kw: dict):
             if n < llm._n_ctx:
                 llm.input_ids[n] = pending
     finally:
-        spec._force(L - 1)
+        if spec.owns(me):   # a stream closed after a later call took the model leaves it alone (Spec.owns)
+            spec._force(L - 1)

@@ -20,6 +20,7 @@ from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
 from river_edge.runtime.capi import _lib, model_params, tensor_buft
 from river_edge.runtime.context import RiverContext, exit_histogram_of
+from river_edge.runtime.inputs import check_grammar, check_tokens
 
 
 def _has_river_tensors(path: Path) -> bool:
@@ -172,12 +173,16 @@ class RiverLlama(llama_cpp.Llama):
         self._spec.drafter = d
 
     def generate(self, tokens, **kw):
+        check_tokens(tokens, self._n_vocab, "tokens")
+        if kw.get("grammar") is not None:
+            check_grammar(self, kw["grammar"]._grammar)
         self._sync_cache()
         return self._spec.generate(tokens, super().generate, kw)
 
-    def set_seed(self, seed: int) -> None:
-        super().set_seed(seed)
-        self._spec._rng_seed = None   # exact mode's sampling starts its stream again, as llama.cpp's sampler does
+    def end_streams(self) -> None:
+        """Close the streams callers left open, now rather than whenever the garbage collector gets to them (a late
+        close is harmless: a stream's cleanup touches the model only while no later call has taken it)."""
+        self._spec.end_streams()
 
     # A saved state (set_cache's prompt caches) carries its K/V's contract; another's is not loaded (decoded afresh)
     def save_state(self):
@@ -190,6 +195,11 @@ class RiverLlama(llama_cpp.Llama):
         self._sync_cache()
         if getattr(state, "river_contract", None) == self._cache_contract:
             super().load_state(state)
+
+    def detokenize(self, tokens, *args, **kw) -> bytes:
+        # llama.cpp aborts the process (std::out_of_range) on an id outside the vocabulary
+        check_tokens(tokens, self._n_vocab, "tokens")
+        return super().detokenize(tokens, *args, **kw)
 
     def close(self) -> None:
         if getattr(self, "_spec", None) is not None:

@@ -1,5 +1,5 @@
 """What exact mode computes on logits: llama.cpp's sampler chain as dense distributions (processed_probs,
-Transform for the history-dependent parts) and speculative sampling's accept step (accept)."""
+Transform for the history-dependent parts), and sampling by position-keyed Gumbel noise (scores)."""
 from __future__ import annotations
 
 import math
@@ -56,25 +56,35 @@ def agree(drafts: list[int], top) -> int:
     return j
 
 
-def accept(drafts: list[int], qs: list[np.ndarray], p_at, rng: np.random.Generator) -> tuple[list[int], int]:
-    """Speculative sampling's accept step (Leviathan et al. 2023; gpt-fast's speculative_decode): draft j
-    is kept with probability min(1, p_j[d] / q_j[d]); the first one rejected is replaced by a draw from the
-    residual max(p_j - q_j, 0), normalised; when all are kept, one more token is drawn from the backbone's
-    p after the last. p_at(j) gives the backbone's sampling distribution at position j (computed only as
-    far as needed). The tokens follow the backbone's distribution exactly. Returns (tokens, drafts kept)."""
-    out = []
-    for j, (d, q) in enumerate(zip(drafts, qs)):
-        p = p_at(j)
-        if rng.random() * q[d] < p[d]:
-            out.append(d)
-            continue
-        r = np.maximum(p - q, 0.0)
-        s = r.sum()
-        out.append(int(rng.choice(len(p), p=r / s)) if s > 0 else int(rng.choice(len(p), p=p)))
-        return out, j
-    p = p_at(len(drafts))
-    out.append(int(rng.choice(len(p), p=p)))
-    return out, len(drafts)
+_M = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    z = (z + np.uint64(0x9E3779B97F4A7C15)) & _M
+    z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _M
+    z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _M
+    return z ^ (z >> np.uint64(31))
+
+
+def gumbel(seed: int, pos: int, ids: np.ndarray) -> np.ndarray:
+    """Gumbel noise for the token ids at one position: a pure function of (seed, position, id), counter-based, so
+    the noise a position gets never depends on how many draws came before it (draft lengths, timing, k)."""
+    key = _mix(np.array([(int(seed) & 0xFFFFFFFF) << 32 | (int(pos) & 0xFFFFFFFF)], dtype=np.uint64))
+    bits = _mix(key ^ _mix(np.asarray(ids, dtype=np.uint64)))
+    u = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53     # in (0, 1)
+    return -np.log(-np.log(u))
+
+
+def scores(p: np.ndarray, seed: int, pos: int) -> np.ndarray:
+    """log p + Gumbel noise of (seed, pos) over p's support, -inf elsewhere: the token sampled at `pos` is the argmax
+    (the Gumbel-max trick: an exact draw from p). Exact mode chooses drafts (from the river's q) and the backbone's
+    tokens (from p) on the same noise, so a draft is kept exactly when the backbone, sampling with that noise, picks
+    it too: every token is the backbone's own draw for (seed, position), whatever k was, and a seed gives one text."""
+    out = np.full(p.shape[0], -np.inf)
+    ids = np.nonzero(p)[0]
+    out[ids] = np.log(p[ids]) + gumbel(seed, pos, ids)
+    return out
 
 
 def top1_prob(row: np.ndarray) -> float:

@@ -32,13 +32,16 @@ Exactness
     that bound (the K/V of batched cells still differ in the last bits); measured: identical on both tiny architectures, on
     512 tokens of SmolLM2-135M and on every benchmark round of Qwen2.5-Coder-0.5B. Ties break as in
     llama.cpp's greedy sampler (first index).
-  sampling (temp != 0): standard speculative sampling (Leviathan et al. 2023, Chen et al. 2023): draft
-    d ~ q, accept with min(1, p(d)/q(d)), on rejection sample from norm(max(0, p - q)), and after k
-    acceptances sample a bonus token from p. p and q are the backbone's and the river's logits put
-    through the same transform as llama.cpp's sampler chain that llama-cpp-python builds
-    (top_k -> top_p -> min_p on the untempered logits, then / temp, softmax; temp < 0: plain softmax).
-    The output is then distributed exactly as backbone sampling with those settings (up to float rounding
-    at the top-p / min-p boundaries); it is not the same sample stream for a given seed.
+  sampling (temp != 0): the token at position t is argmax(log p + G(seed, t)), with Gumbel noise G that is a
+    pure function of the seed, the position and the token id (sampling.scores: the Gumbel-max trick, an exact
+    draw from p). The river drafts on the same noise with its own q, and a draft stands exactly when the
+    backbone, sampling with that noise, chooses it too (the coupling of speculative sampling by shared
+    randomness). p and q are the logits put through the same transform as llama.cpp's sampler chain that
+    llama-cpp-python builds (top_k -> top_p -> min_p on the untempered logits, then / temp, softmax; temp < 0:
+    plain softmax). Each token is then distributed exactly as backbone sampling with those settings (up to float
+    rounding at the top-p / min-p boundaries), and a seed gives one text whatever the draft lengths were (they
+    come from timed costs): the same across calls and processes. It is not llama.cpp's sample stream for that
+    seed (backbone mode's text for the seed differs).
   Decoded exactly by speculation: temp, top_k, top_p, min_p, seed, and the history-dependent parts of the
     chain: repeat / frequency / presence penalties over the last last_n_tokens_size generated tokens and
     logits processors (logit_bias, min_tokens), applied to every verified row with the history of its
@@ -61,6 +64,7 @@ stops early after a draft whose top-1 probability is below DRAFT_STOP (that draf
 from __future__ import annotations
 
 import math
+import secrets
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -74,7 +78,7 @@ from river_edge.runtime.costs import CostModel, cached, probe
 from river_edge.runtime.drafters import FREE, Ngram, NgramCache, resolve
 from river_edge.runtime.gated import gated
 from river_edge.format import RiverError
-from river_edge.runtime.sampling import Transform, accept, agree, margin, processed_probs, top1_prob
+from river_edge.runtime.sampling import Transform, agree, margin, processed_probs, scores, top1_prob
 
 MODES = ("exact", "gated", "river", "fast", "backbone")
 DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
@@ -95,7 +99,7 @@ class Stats:
     accepted: int = 0
     fallbacks: int = 0            # gated: positions re-decoded by the backbone
     settled: int = 0              # exact: near-ties decoded again alone
-    rejected: int = 0             # exact: cycles that ended on a rejected draft (sampling: a residual draw)
+    rejected: int = 0             # exact: cycles that ended on a rejected draft
     river_steps: int = 0          # gated: positions decoded by the river first (the prompt's token is not one)
     k_sum: int = 0
     spec_off: str | None = None
@@ -138,6 +142,8 @@ class Spec:
         # bench/levers.py: when a list, every cycle appends (top-1 probability of each draft, judged, agreed)
         self.draft_log: list | None = None
         self.draft_stop: float | None = DRAFT_STOP   # None: draft the cost model's k whatever the confidence
+        self._epoch, self._streams = 0, weakref.WeakSet()   # stream ownership (owns(), below)
+        self._threads_on = False
         self.mode = mode if mode is not None else self._mode
 
     @property
@@ -257,6 +263,7 @@ class Spec:
         llm = self.llm
         cp = llm.context_params
         llama_cpp.llama_set_n_threads(llm._ctx.ctx, cp.n_threads, cp.n_threads if on else cp.n_threads_batch)
+        self._threads_on = on
 
     def _rm(self, p0: int) -> None:
         self.llm._ctx.kv_cache_seq_rm(0, p0, -1)   # sequence 0 only: the one generate() decodes
@@ -281,16 +288,45 @@ class Spec:
     def generate(self, tokens, base_generate, kw: dict):
         mode = self._mode
         if mode not in ("exact", "gated") or not len(tokens):
-            return self._timed(base_generate(tokens, **kw))
+            return self._timed(lambda me: base_generate(tokens, **kw))
         # exact: what the loop cannot sample exactly; gated: it never fills the logits of every position
         why = self.unsupported(kw) if mode == "exact" else ("logits_all (logprobs)" if self.llm._logits_all else None)
         self.st.spec_off = why   # this call's: a later call that does speculate clears it
         if why:
-            return self._timed(base_generate(tokens, **kw))
-        return self._timed(self._exact(list(tokens), kw) if mode == "exact" else gated(self, list(tokens), kw))
+            return self._timed(lambda me: base_generate(tokens, **kw))
+        if mode == "exact":
+            return self._timed(lambda me: self._exact(list(tokens), kw, me))
+        return self._timed(lambda me: gated(self, list(tokens), kw, me))
 
-    def _timed(self, gen):
+    # -- stream ownership ---------------------------------------------------------------------------
+    # A stream abandoned by its caller is closed whenever its owner lets go of it: by a server's cleanup or the
+    # garbage collector, possibly in the middle of a later call. Each call takes the model when it starts (the
+    # epoch); a stream's cleanup (cutting the cache back, the forced exit, the decode threads) runs only while
+    # no later call has taken the model since, so it never touches another call's cache or settings.
+    def owns(self, me: int) -> bool:
+        return self._epoch == me
+
+    def end_streams(self) -> None:
+        """Close every stream a caller left open (`river serve` does so as each request takes the model)."""
+        for g in list(self._streams):
+            g.close()
+
+    def _claim(self) -> int:
+        self._epoch += 1
+        if self._mode in ("exact", "gated"):   # what an abandoned stream of theirs may have left: a river exit
+            self._force(self.llm.n_layer - 1)
+        if self._threads_on:                    # and the batch threads
+            self._decode_threads(False)
+        return self._epoch
+
+    def _timed(self, start):
+        gen = self._timed_gen(start)
+        self._streams.add(gen)
+        return gen
+
+    def _timed_gen(self, start):
         st = self.st
+        gen = start(self._claim())
         st.call_tokens = 0
         t0 = time.perf_counter()
         try:
@@ -341,25 +377,30 @@ class Spec:
         self.llm.n_tokens = n
         self._rm(n)
 
-    def _rng(self) -> np.random.Generator:
-        """One random stream per seed, started again by every set_seed (RiverLlama.set_seed), as llama.cpp's sampler
-        is seeded again per request in the other modes."""
-        seed = self.llm._seed
-        if getattr(self, "_rng_seed", None) != seed:
-            # llama.cpp takes the seed as a uint32 (-1 is 0xFFFFFFFF) and LLAMA_DEFAULT_SEED as "random"
-            s = int(seed) & 0xFFFFFFFF
-            self._rng_seed, self._rng_gen = seed, np.random.default_rng(None if s == llama_cpp.LLAMA_DEFAULT_SEED else s)
-        return self._rng_gen
+    def _seed(self) -> int:
+        """This call's sampling seed, as llama.cpp takes it: a uint32 (-1 is 0xFFFFFFFF), LLAMA_DEFAULT_SEED meaning a
+        random one (drawn per call, as llama.cpp's sampler is made per call in the other modes)."""
+        s = int(self.llm._seed) & 0xFFFFFFFF
+        return secrets.randbits(32) if s == llama_cpp.LLAMA_DEFAULT_SEED else s
 
-    def _exact(self, tokens: list[int], kw: dict):
+    def _exact(self, tokens: list[int], kw: dict, me: int):
         llm, st = self.llm, self.st
-        L, V = llm.n_layer, llm._n_vocab
+        L = llm.n_layer
         temp = float(kw.get("temp", 0.8))
         greedy = temp == 0.0
         sp = dict(temp=temp, top_k=int(kw.get("top_k", 40)), top_p=float(kw.get("top_p", 0.95)),
                   min_p=float(kw.get("min_p", 0.05)))
         stop = kw.get("stopping_criteria")
-        rng = self._rng()
+        seed = None if greedy else self._seed()
+        unit = temp if temp > 0 else 1.0   # a logit's rounding, in sampling scores (logits / temp + noise)
+
+        def choose(rows: np.ndarray, pos: int) -> tuple[np.ndarray, np.ndarray]:
+            """The token for positions pos, pos+1, ... from rows of logits, and the scores it is the argmax of: the
+            logits (greedy), or the log-probabilities of llama.cpp's chain plus that position's noise (sampling)."""
+            if greedy:
+                return rows, rows.argmax(1)
+            s = np.stack([scores(processed_probs(r, **sp), seed, pos + i) for i, r in enumerate(rows)])
+            return s, s.argmax(1)
         vocab = llm._model.vocab
         is_eog = llama_cpp.llama_vocab_is_eog
         tf = Transform(kw, llm.last_n_tokens_size)
@@ -368,7 +409,7 @@ class Spec:
         n, n_ctx = llm.n_tokens, llm._n_ctx
         # the first token from the prompt's own logits, as backbone mode takes it
         row = tf(row, llm.input_ids[:n], gen) if tf else row
-        pending = int(row.argmax()) if greedy else int(rng.choice(V, p=processed_probs(row, **sp)))
+        pending = int(choose(row[None], n)[1][0])
         if stop is not None and stop(llm.input_ids[:n], row):
             return
         gen.append(pending)
@@ -402,12 +443,10 @@ class Spec:
                     k = min(k, len(cands))
                 # the verification batch (k + 1 tokens) must fit the context and llama.cpp's n_batch
                 k = max(0, min(k, n_ctx - n - 1, llm.n_batch - 1))
-                drafts, qs, conf = [], [], []
-                if k and src in FREE:           # free drafts: one-hot proposals (q = 1 on the token)
+                drafts, conf = [], []
+                if k and src in FREE:           # free drafts: proposals the backbone's choice keeps or not
                     for d in cands[:k]:
                         drafts.append(int(d))
-                        if not greedy:
-                            qs.append(np.eye(1, V, int(d), dtype=np.float64)[0])
                         if is_eog(vocab, int(d)):
                             break
                 elif k:
@@ -431,12 +470,7 @@ class Spec:
                         c = top1_prob(row) if unsure or self.draft_log is not None else 1.0
                         if self.draft_log is not None:
                             conf.append(c)
-                        if greedy:
-                            d = int(row.argmax())
-                        else:
-                            q = processed_probs(row, **sp)
-                            d = int(rng.choice(V, p=q))
-                            qs.append(q)
+                        d = int(choose(row[None], n + 1 + i)[1][0])   # on the noise the backbone will use there
                         drafts.append(d)
                         x = d
                         if is_eog(vocab, d) or c < unsure:
@@ -455,30 +489,27 @@ class Spec:
                     def at(i, row):
                         return tf(row, base + drafts[:i], gen + drafts[:i])
                     rows = np.stack([at(i, rows[i]) for i in range(len(batch))])
-                if greedy:
-                    g = rows.argmax(1)
-                    j = agree(drafts, g)
-                    out = drafts[:j] + [int(g[j])]
-                    agreed, judged = j, len(drafts)
-                    bound = cm.ties[len(batch)] if len(batch) < len(cm.ties) else cm.tie
-                    tie = next((i for i in range(j + 1) if margin(rows[i], g[i]) <= bound), None) if bound else None
-                    if tie is not None:
-                        # a near-tie: the batch's rounding may decide it, so decode that position alone,
-                        # as backbone mode does, and let that row decide (the rows before it stand)
-                        st.settled += 1
-                        rows = np.array(rows[:tie + 1])
-                        self._rm(n + tie)
-                        rows[tie] = self._decode([batch[tie]], n + tie, False)[0]
-                        if tf:
-                            rows[tie] = at(tie, rows[tie])
-                        j, out = tie, drafts[:tie] + [int(rows[tie].argmax())]
-                        # acceptance counts the drafts judged: those through the tie, the one there accepted if
-                        # the lone row agrees with it (it is emitted as the backbone's own token); the rest go unjudged
-                        judged = min(tie + 1, len(drafts))
-                        agreed = tie + (tie < len(drafts) and out[-1] == drafts[tie])
-                else:
-                    out, j = accept(drafts, qs, lambda i: processed_probs(rows[i], **sp), rng)
-                    agreed, judged = j, len(drafts)
+                # row i chooses the token at position n+1+i; a draft stands while it is that token
+                sc, g = choose(rows, n + 1)
+                j = agree(drafts, g)
+                out = drafts[:j] + [int(g[j])]
+                agreed, judged = j, len(drafts)
+                bound = cm.ties[len(batch)] if len(batch) < len(cm.ties) else cm.tie
+                tie = next((i for i in range(j + 1) if margin(sc[i], g[i]) * unit <= bound), None) if bound else None
+                if tie is not None:
+                    # a near-tie: the batch's rounding may decide it, so decode that position alone,
+                    # as backbone mode does, and let that row decide (the rows before it stand)
+                    st.settled += 1
+                    rows = np.array(rows[:tie + 1])
+                    self._rm(n + tie)
+                    rows[tie] = self._decode([batch[tie]], n + tie, False)[0]
+                    if tf:
+                        rows[tie] = at(tie, rows[tie])
+                    j, out = tie, drafts[:tie] + [int(choose(rows[tie:tie + 1], n + 1 + tie)[1][0])]
+                    # acceptance counts the drafts judged: those through the tie, the one there accepted if
+                    # the lone row agrees with it (it is emitted as the backbone's own token); the rest go unjudged
+                    judged = min(tie + 1, len(drafts))
+                    agreed = tie + (tie < len(drafts) and out[-1] == drafts[tie])
                 # -- keep the backbone cells of pending + accepted drafts
                 keep = n + 1 + j
                 llm.input_ids[n:keep] = batch[: j + 1]
@@ -502,7 +533,8 @@ class Spec:
                     try:
                         yield tok
                     except GeneratorExit:
-                        self._cut(n + 1 + i)
+                        if self.owns(me):
+                            self._cut(n + 1 + i)
                         raise
                 pending, n = out[-1], keep
                 if ngram is not None:
@@ -510,5 +542,6 @@ class Spec:
                 if n < n_ctx:
                     llm.input_ids[n] = pending
         finally:
-            self._force(L - 1)
-            self._decode_threads(False)
+            if self.owns(me):
+                self._force(L - 1)
+                self._decode_threads(False)

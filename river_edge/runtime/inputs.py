@@ -1,0 +1,37 @@
+"""Checks of what a call brings that llama.cpp would die on instead of refusing: token ids outside the vocabulary
+(std::out_of_range aborts the process) and grammars that do not parse (a NULL sampler, then a segfault). The library
+(RiverLlama) and `river serve` (before a request takes the model) use these same checks."""
+from __future__ import annotations
+
+import numbers
+
+import llama_cpp
+
+from river_edge.format import RiverError
+
+
+def check_tokens(tokens, n_vocab: int, what: str = "tokens") -> None:
+    """Every id a whole number in 0..n_vocab-1; RiverError naming the first that is not."""
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < n_vocab:
+            raise RiverError(f"{what}[{i}] = {t!r}: not a token id of this model (0..{n_vocab - 1})")
+
+
+def grammar_error(llm, text: str) -> str | None:
+    """Why llama.cpp's GBNF parser refuses a grammar (its own message), or None when it parses."""
+    from river_edge.tokenizer import quiet_llama_logs
+
+    if not isinstance(text, str):
+        return f"a grammar is GBNF text, not {type(text).__name__}"
+    with quiet_llama_logs() as log:
+        s = llama_cpp.llama_sampler_init_grammar(llm._model.vocab, text.encode("utf-8"), b"root")
+    if s:
+        llama_cpp.llama_sampler_free(s)
+        return None
+    why = [x.strip() for x in log if "error" in x or "expect" in x] or ["llama.cpp's parser refused it"]
+    return f"the grammar does not parse: {why[0]}"
+
+
+def check_grammar(llm, text: str) -> None:
+    if (why := grammar_error(llm, text)) is not None:
+        raise RiverError(why)
