@@ -82,6 +82,8 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
             check_text(text, what)
     if hasattr(sys.stdin, "reconfigure"):   # a piped line that is not UTF-8 is refused alone, not the whole chat
         sys.stdin.reconfigure(errors="surrogateescape")
+    if prompt is None and sys.stdin is None:   # started with stdin closed (`<&-`): nothing to read
+        fail("standard input is closed: give --prompt TEXT, pipe lines in, or run it in a terminal")
     with in_cache(cache_dir):
         with Bars() as bars:
             path = model_path(model, bars)
