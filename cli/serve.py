@@ -1,7 +1,7 @@
 """`river serve`: llama-cpp-python's OpenAI-compatible server over a river GGUF, every mode per request."""
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -13,6 +13,12 @@ def _name(value):
     from river_edge.serve import check_name   # the server's own rule; imported late, as the server is
 
     return rule(check_name)(value)
+
+
+def _origins(values):
+    from river_edge.serve import check_origin
+
+    return [rule(check_origin)(v) for v in values or []]
 
 
 @command(epilog="Examples: river serve --port 8000   (then any OpenAI client: base_url http://127.0.0.1:8000/v1, "
@@ -27,6 +33,9 @@ def serve(
     name: Annotated[Optional[str], typer.Option("--name", show_default="the file's name without .gguf",
                                                 callback=_name,
                                                 help="Model name clients use (no ':').")] = None,
+    allow_origin: Annotated[Optional[List[str]], typer.Option(
+        "--allow-origin", callback=_origins, show_default="none: web pages on other origins are refused",
+        help="Let web pages from this origin (scheme://host[:port]; '*' for any) call the server; repeatable.")] = None,
     threads: Threads = None,
     ctx: Ctx = 4096,
     cache_dir: CacheDir = None,
@@ -42,4 +51,4 @@ def serve(
         with Bars() as bars:
             path = model_path(model, bars)
     run(path, host=host, port=port, name=name, mode=mode.value if mode is not None else None, n_ctx=ctx,
-        threads=threads, say=lambda msg: typer.echo(msg, err=True))
+        threads=threads, allow_origins=tuple(allow_origin or ()), say=lambda msg: typer.echo(msg, err=True))

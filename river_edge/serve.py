@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import math
+
 from .format import RiverError
 from .ports import listen
+from river_edge.runtime.inputs import check_tokens, grammar_error
 from river_edge.runtime.spec import MODES
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
@@ -51,6 +54,9 @@ class RiverProxy:
         return mode
 
     def __call__(self, model: str | None = None):
+        # called as a request takes the model (the app's lock): a stream an earlier client abandoned is closed now,
+        # not later by the garbage collector in the middle of this request (harmless then too: Spec.owns)
+        self.llm.end_streams()
         self.llm.mode = self.resolve(model)
         return self.llm
 
@@ -64,7 +70,9 @@ class RiverProxy:
 
 
 def refused(body: dict, path: str, proxy: RiverProxy) -> str | None:
-    """Why a request cannot be served as asked, or None. Raises nothing: the reason becomes a 400."""
+    """Why a request cannot be served as asked, or None. Raises nothing: the reason becomes a 400. Every check
+    here is cheap or runs outside the model's lock (tokenizing reads only the vocabulary), so a bad request never
+    holds up the one running, and every mode answers a request the same way."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         return f"model must be a string, not {model!r}"
@@ -74,16 +82,90 @@ def refused(body: dict, path: str, proxy: RiverProxy) -> str | None:
         return str(e)
     if (bad := _unencodable(body)) is not None:
         return f"{bad}: not valid Unicode (a lone surrogate), which no tokenizer can encode"
-    if path in ROUTES:
-        if "messages" not in body and body.get("prompt", "") in ("", []):
-            return "the prompt is empty: llama.cpp decodes at least one token"
-        if (body.get("logprobs") not in (None, False) or body.get("top_logprobs")) and not proxy.llm._logits_all:
-            return "logprobs are not served: the model is loaded without logits_all (every mode would pay for them)"
-        n = body.get("n")
-        if n is not None and n != 1:
-            return f"n = {n}: this server answers one choice per request"
-        if path == "/v1/chat/completions":
-            return template_error(body, proxy.template)
+    if (bad := _not_finite(body)) is not None:
+        return f"{bad}: not a finite number"
+    if (why := _invalid(body, path)) is not None:
+        return why
+    llm = proxy.llm
+    if path == "/extras/detokenize":
+        return _check(check_tokens, body["tokens"], llm.n_vocab(), "tokens")
+    if path not in ROUTES:
+        return None
+    chat = path == "/v1/chat/completions"
+    prompt = body.get("prompt", "")
+    if not chat and isinstance(prompt, list):
+        if len(prompt) > 1:
+            return f"prompt: a list of {len(prompt)} prompts; this server answers one prompt per request"
+        prompt = prompt[0] if prompt else ""
+    if not chat and prompt == "":
+        return "the prompt is empty: llama.cpp decodes at least one token"
+    if (body.get("logprobs") not in (None, False) or body.get("logprobs") == 0 or body.get("top_logprobs")) \
+            and not llm._logits_all:   # logprobs 0 asks for the chosen token's (0 == False: named apart)
+        return "logprobs are not served: the model is loaded without logits_all (every mode would pay for them)"
+    for key in ("n", "best_of"):
+        if body.get(key) not in (None, 1):
+            return f"{key} = {body[key]}: this server answers one choice per request"
+    if body.get("logit_bias") and body.get("logit_bias_type") != "tokens":
+        ids = list(body["logit_bias"])
+        if (bad := next((k for k in ids if not k.strip().lstrip("-").isdigit()), None)) is not None:
+            return f"logit_bias: key {bad!r} is not a token id (logit_bias_type 'tokens' takes token text)"
+        if why := _check(check_tokens, [int(k) for k in ids], llm.n_vocab(), "logit_bias keys"):
+            return why
+    if body.get("grammar") is not None and (why := grammar_error(llm, body["grammar"])):
+        return why
+    if chat:
+        if len(body["messages"]) > llm.n_ctx():
+            return f"{len(body['messages'])} messages cannot fit the context of {llm.n_ctx()} tokens"
+        why, prompt = rendered(body, proxy.template)
+        if why or prompt is None:
+            return why
+    n = len(llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True))
+    if n >= llm.n_ctx():
+        return f"the prompt is {n} tokens: it does not fit the context of {llm.n_ctx()} (river serve --ctx)"
+    return None
+
+
+def _check(check, *args) -> str | None:
+    try:
+        check(*args)
+    except RiverError as e:
+        return str(e)
+    return None
+
+
+# The app's own request types, by route: checked here so that a malformed field is a 400 naming it (the app's
+# error handler answers its own validation errors with a 500 and a traceback)
+def _types() -> dict:
+    from llama_cpp.server import types as T
+
+    return {**dict.fromkeys(ROUTES, T.CreateCompletionRequest), "/v1/chat/completions": T.CreateChatCompletionRequest,
+            "/v1/embeddings": T.CreateEmbeddingRequest, "/extras/tokenize": T.TokenizeInputRequest,
+            "/extras/tokenize/count": T.TokenizeInputRequest, "/extras/detokenize": T.DetokenizeInputRequest}
+
+
+def _invalid(body: dict, path: str) -> str | None:
+    from pydantic import ValidationError
+
+    kind = _types().get(path)
+    if kind is None:
+        return None
+    try:
+        kind.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "the request"
+        return f"{where}: {err['msg']}"
+    return None
+
+
+def _not_finite(x, where: str = "the request") -> str | None:
+    """Where in a JSON value a number is NaN or infinite (Python's json reads NaN and Infinity), or None."""
+    if isinstance(x, float):
+        return None if math.isfinite(x) else where
+    if isinstance(x, dict):
+        return next((w for k, v in x.items() if (w := _not_finite(v, str(k))) is not None), None)
+    if isinstance(x, list):
+        return next((w for v in x if (w := _not_finite(v, where)) is not None), None)
     return None
 
 
@@ -98,24 +180,21 @@ def _gguf_template(llm):
     return Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], text(llm.token_eos()), text(llm.token_bos()))
 
 
-def template_error(body: dict, template) -> str | None:
-    """Why the chat template cannot render the request's messages (a template's raise_exception, such as roles
-    that must alternate; a failing expression), or None. The app would answer it with a 500. Rendered as the app
-    renders them: after its own validation (which drops undeclared keys), with the fields it passes."""
+def rendered(body: dict, template) -> tuple[str | None, str | None]:
+    """(why the chat template cannot render the request's messages, or None; the prompt it renders, or None where
+    the model chats through another format). A template's raise_exception (roles that must alternate) or a failing
+    expression would be a 500 from the app. Rendered as the app renders them: after its own validation (which drops
+    undeclared keys), with the fields it passes."""
     from llama_cpp.server.types import CreateChatCompletionRequest
-    from pydantic import ValidationError
 
     if template is None:
-        return None
+        return None, None
+    req = CreateChatCompletionRequest.model_validate(body).model_dump()   # valid: refused() checked it
     try:
-        req = CreateChatCompletionRequest.model_validate(body).model_dump()
-    except ValidationError:
-        return None   # the app's own 422 names what is malformed
-    try:
-        template(**{k: req.get(k) for k in ("messages", "functions", "function_call", "tools", "tool_choice")})
+        out = template(**{k: req.get(k) for k in ("messages", "functions", "function_call", "tools", "tool_choice")})
     except Exception as e:   # whatever the template raises (TemplateError, ValueError, TypeError, ...) is the request's
-        return f"the model's chat template cannot render these messages: {type(e).__name__}: {e}"
-    return None
+        return f"the model's chat template cannot render these messages: {type(e).__name__}: {e}", None
+    return None, out.prompt
 
 
 def _unencodable(x, where: str = "the request") -> str | None:
@@ -138,20 +217,32 @@ class CheckModel:
     400 with the reason, before the app starts (a streamed response could no longer
     change its status)."""
 
-    def __init__(self, app, proxy: RiverProxy):
-        self.app, self.proxy = app, proxy
+    def __init__(self, app, proxy: RiverProxy, origins: tuple[str, ...] = ()):
+        self.app, self.proxy, self.origins = app, proxy, origins
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "POST":
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        chunks, more = [], True
+        origin = dict(scope.get("headers") or []).get(b"origin")
+        if origin is not None and not allowed_origin(origin.decode("latin-1"), self.origins):
+            # a browser names the page's origin: a web page must not drive a local model unless the user allowed it
+            return await _error(send, 403, f"requests from origin {origin.decode('latin-1')!r} are not allowed; "
+                                           "start the server with --allow-origin ORIGIN to allow a web page")
+        if scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        chunks, size, more = [], 0, True
         while more:
             msg = await receive()
             chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > MAX_BODY:
+                return await _error(send, 413, f"the request body is over {MAX_BODY >> 20} MiB")
             more = msg.get("more_body", False)
         body = b"".join(chunks)
         try:
             req = json.loads(body or b"{}")
+        except RecursionError:
+            return await _error(send, 400, "the request body nests JSON too deeply")
         except ValueError as e:
             return await _error(send, 400, f"the request body is not JSON ({e})")
         if not isinstance(req, dict):
@@ -170,6 +261,21 @@ class CheckModel:
         await self.app(scope, replay, send)
 
 
+# A request larger than this is refused before it is parsed (a whole context of text is a few MiB)
+MAX_BODY = 32 << 20
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def allowed_origin(origin: str, allowed: tuple[str, ...]) -> bool:
+    """A page may call the server if its origin is named (--allow-origin; '*' for any), or it is served from this
+    machine's loopback (the app's own /docs page). A page elsewhere, DNS rebinding included, names its own origin."""
+    if "*" in allowed or origin in allowed:
+        return True
+    scheme, _, rest = origin.partition("://")
+    host = rest.rsplit(":", 1)[0] if not rest.endswith("]") else rest
+    return scheme in ("http", "https") and host in LOOPBACK
+
+
 async def _error(send, status: int, message: str):
     data = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": status}}).encode()
     await send({"type": "http.response.start", "status": status,
@@ -186,9 +292,10 @@ def check_name(name: str) -> str:
 
 
 def create_app(model: Path, *, name: str | None = None, mode: str | None = None, n_ctx: int = 4096,
-               threads: int | None = None, **river_kw):
+               threads: int | None = None, allow_origins: tuple[str, ...] = (), **river_kw):
     """The OpenAI app over one river GGUF (`mode` for requests that name no mode; default exact, or
-    backbone for a GGUF without a river) and its proxy."""
+    backbone for a GGUF without a river) and its proxy. Cross-origin requests from web pages are refused
+    unless their origin is in allow_origins ('*': any)."""
     from river_edge.runtime.llama import RiverLlama
 
     server_app, ModelSettings, ServerSettings = _deps()
@@ -208,8 +315,25 @@ def create_app(model: Path, *, name: str | None = None, mode: str | None = None,
     finally:
         server_app.set_llama_proxy = keep
     server_app._llama_proxy = proxy
-    app.add_middleware(CheckModel, proxy=proxy)
+    # the app lets every origin in, with credentials: any web page could drive a local model. Ours: none but
+    # those named, and no credentials (the server has no cookies to send)
+    from fastapi.middleware.cors import CORSMiddleware
+
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not CORSMiddleware]
+    origins = tuple(check_origin(o) for o in allow_origins)
+    app.add_middleware(CheckModel, proxy=proxy, origins=origins)
+    if origins:   # outermost: it answers preflights itself
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
     return app, proxy
+
+
+def check_origin(origin: str) -> str:
+    """An origin as browsers send it: scheme://host[:port], or '*'."""
+    scheme, sep, rest = origin.partition("://")
+    if origin != "*" and (scheme not in ("http", "https") or not sep or not rest or "/" in rest):
+        raise RiverError(f"origin {origin!r}: give scheme://host[:port] (as a browser sends it, no path), or '*'")
+    return origin
 
 
 def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, say=print, **kw) -> None:

@@ -28,10 +28,10 @@ def server(tiny_llama):
     yield from _serve(tiny_llama)
 
 
-def _serve(model):
+def _serve(model, *args):
     port = _free_port()
     p = subprocess.Popen([sys.executable, "-m", "river_edge.cli.main", "serve", str(model), "--port", str(port),
-                          "--name", "tiny", "--ctx", "512", "-t", "1"],
+                          "--name", "tiny", "--ctx", "512", "-t", "1", *args],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
     deadline = time.time() + 60
