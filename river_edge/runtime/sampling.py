@@ -48,8 +48,8 @@ class Transform:
 
 
 def agree(drafts: list[int], top) -> int:
-    """The greedy accept step: how many drafts, in order, equal the verifier's argmax at their position (the
-    cycle keeps them and the verifier's own token after them)."""
+    """The accept step: how many drafts, in order, equal the verifier's choice at their position (its argmax, or
+    with sampling the argmax of its scores); the cycle keeps them and the verifier's own token after them."""
     j = 0
     while j < len(drafts) and drafts[j] == top[j]:
         j += 1

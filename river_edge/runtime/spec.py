@@ -16,9 +16,9 @@ Modes (`RiverLlama(mode=...)`, or `llm.mode = ...`):
 Why a generate() override and not a llama_cpp.LlamaDraftModel: a draft model makes llama-cpp-python
 set logits_all, copy every position's logits (152k floats per token on Qwen) into an n_ctx x n_vocab
 array, and accept a draft only when an independently *sampled* backbone token equals it (exact in
-distribution for temperature > 0, but it accepts with probability p(d) instead of min(1, p(d)/q(d)),
-so with sampling it wastes most drafts). Owning the loop gives speculative sampling proper, the
-acceptance statistics the cost model needs, and no per-token copies. Every other path of llama-cpp-
+distribution for temperature > 0, but the two draws are independent, so with sampling it wastes most
+drafts). Owning the loop gives coupled sampling (the draft and the backbone's draw share their noise, below),
+the acceptance statistics the cost model needs, and no per-token copies. Every other path of llama-cpp-
 python (create_completion, chat, streaming, the server) goes through generate(), so they all get it.
 
 Exactness
