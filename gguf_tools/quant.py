@@ -19,13 +19,13 @@ from gguf.quants import quant_shape_to_byte_shape
 from river_edge.format import RiverError
 
 TYPES = {
-    "f16": T.F16, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1,
+    "f16": T.F16, "bf16": T.BF16, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1,
     "q8_0": T.Q8_0, "q2_k": T.Q2_K, "q3_k": T.Q3_K, "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K,
 }
 NAMES = {v: k for k, v in TYPES.items()}
 # general.file_type of a model whose 2-D weights are all of one type
 FILE_TYPES = {
-    "f16": FT.MOSTLY_F16, "q4_0": FT.MOSTLY_Q4_0, "q4_1": FT.MOSTLY_Q4_1, "q5_0": FT.MOSTLY_Q5_0,
+    "f16": FT.MOSTLY_F16, "bf16": FT.MOSTLY_BF16, "q4_0": FT.MOSTLY_Q4_0, "q4_1": FT.MOSTLY_Q4_1, "q5_0": FT.MOSTLY_Q5_0,
     "q5_1": FT.MOSTLY_Q5_1, "q8_0": FT.MOSTLY_Q8_0, "q2_k": FT.MOSTLY_Q2_K, "q3_k": FT.MOSTLY_Q3_K_S,
     "q4_k": FT.MOSTLY_Q4_K_S, "q5_k": FT.MOSTLY_Q5_K_S,
     "q6_k": FT.MOSTLY_Q6_K,

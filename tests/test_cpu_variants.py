@@ -20,13 +20,14 @@ capi = pytest.importorskip("river_edge.runtime.capi")
 
 LIB = Path(llama_cpp.__file__).with_name("lib")
 VARIANTS = sorted(p.name.split("ggml-cpu-", 1)[1].split(".", 1)[0] for p in LIB.glob("*ggml-cpu-*.so"))
-# the invariants of tests/test_runtime.py, each with extra buffer types on and off, both architectures
-INVARIANTS = "river_off or forced_exit or mixed_exits or all_river or exact_is"
+# the invariants of tests/test_runtime.py, each with extra buffer types on and off, both architectures; and
+# tests/test_invariance.py's bits of a row in any batch, every weight type (CPU_REPACK where AMX is not loaded)
+INVARIANTS = "river_off or forced_exit or mixed_exits or all_river or exact_is or same_bits"
 # SSE4.2 and AVX1 (CPUs from before 2013): on the llama tiny model, forced mid-depth exits land 1.6e-2 (relative)
 # from the reference, which emulates the rounding of the scalar and AVX2+ kernels; the cause is not found yet.
 # There the reference comparison of forced exits is left out; every other invariant runs.
-REDUCED = {"sse42": "river_off or mixed_exits or all_river or exact_is",
-           "sandybridge": "river_off or mixed_exits or all_river or exact_is"}
+REDUCED = {"sse42": "river_off or mixed_exits or all_river or exact_is or same_bits",
+           "sandybridge": "river_off or mixed_exits or all_river or exact_is or same_bits"}
 # what ggml's feature line must show for a variant (the ISA it was built for)
 FEATURES = {"x64": [], "haswell": ["AVX2 = 1"], "skylakex": ["AVX512 = 1"], "icelake": ["AVX512_VNNI = 1"],
             "alderlake": ["AVX_VNNI = 1"], "sapphirerapids": ["AMX_INT8 = 1"], "zen4": ["AVX512_BF16 = 1"]}
@@ -54,7 +55,7 @@ def test_invariants_under_cpu_variant(variant):
     if variant == "x64":
         assert "AVX = 1" not in info.stdout, info.stdout
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_runtime.py",
-                        "-k", REDUCED.get(variant, INVARIANTS)], env=env, capture_output=True, text=True, timeout=600,
+                        "tests/test_invariance.py", "-k", REDUCED.get(variant, INVARIANTS)], env=env, capture_output=True, text=True, timeout=600,
                        cwd=Path(__file__).parent.parent)
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
     assert r.returncode == 0 and " passed" in tail and "failed" not in tail, r.stdout[-4000:] + r.stderr[-2000:]

@@ -37,7 +37,9 @@ from river_edge.runtime.spec import MODES
 SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
 SYNC = ("sync",)   # the rule checking every layer and never exiting: the cost of the exit decisions
 LAGGED = ("river:lagged",)   # the rule on the previous step's scores: no sync inside the graph
-CONFIGS = MODES + LAGGED + SPEC + SYNC + PLAIN
+# the backbone and exact mode without batch invariance (patches/0013): what the invariant kernels cost
+NOINV = ("backbone:no-invariance", "exact:no-invariance")
+CONFIGS = MODES + LAGGED + SPEC + SYNC + NOINV + PLAIN
 DRAFTS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}    # the zoo's default draft model per model
 DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4, max_rounds=12, ci=0.05)
 QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1, memory=False)   # --quick: no memory probes
@@ -96,7 +98,8 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     if not llm.has_river:
         raise RiverError(f"{river_path}: the runtime sees no river in it (is the patched llama-cpp-python installed?)")
     plain = {q: load(files[q]) for q in cfgs if q in PLAIN}
-    drafter = {c: (c.split(":") + ["river"])[1] for c in cfgs if c.startswith("exact") and c != "exact:draft"}
+    drafter = {c: "river" if c in NOINV else (c.split(":") + ["river"])[1]
+               for c in cfgs if c.startswith("exact") and c != "exact:draft"}
     if "draft" in files:
         drafter["exact:draft"] = DraftModel(files["draft"], llm)
 
@@ -113,6 +116,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
                 llm.thresholds = tau
         mode = c.split(":")[0]
         llm.decide = "lagged" if c == "river:lagged" else "sync"
+        llm.batch_invariant = False if c in NOINV else None   # None: the mode's default
         llm.mode = mode
         if mode == "exact":
             llm.drafter = drafter[c]
@@ -218,6 +222,8 @@ def _memory_probe(arg: str) -> None:
             m.mode = mode
             if drafter == "lagged":
                 m.decide = "lagged"
+            elif a["config"] in NOINV:
+                m.batch_invariant = False
             elif drafter:
                 m.drafter = DraftModel(a["draft"], m) if drafter == "draft" else drafter
         return m

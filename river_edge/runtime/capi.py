@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import platform
 
 import llama_cpp
 
@@ -30,13 +31,15 @@ _API = {
     "llama_river_get_last_scores": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32], _c.c_int32),
     "llama_river_reset_stats": ([_c.c_void_p], None),
     "llama_river_decision_us": ([_c.c_void_p], _c.c_int64),
+    "llama_set_batch_invariant": ([_c.c_void_p, _c.c_bool], None),   # patches/0013
+    "llama_get_batch_invariant": ([_c.c_void_p], _c.c_bool),
 }
 
 
 def _lib():
     """The river C API of the loaded llama.cpp, or None for a stock (unpatched) build."""
     lib = llama_cpp.llama_cpp._lib
-    if not hasattr(lib, "llama_model_river_gate"):  # the newest symbol: an older patched build counts as stock
+    if not hasattr(lib, "llama_set_batch_invariant"):  # the newest symbol: an older patched build counts as stock
         return None
     for name, (args, res) in _API.items():
         f = getattr(lib, name)
@@ -75,3 +78,19 @@ def tensor_buft(llm: llama_cpp.Llama, name: str) -> str | None:
         raise RiverError("the buffer type of a tensor needs river-edge's patched llama-cpp-python")
     b = lib.llama_model_tensor_buft(llm._model.model, name.encode())
     return b.decode() if b is not None else None
+
+
+# Weight types whose repacked kernels (CPU_REPACK) give a row the same bits in a batch as alone, as measured by
+# tests/test_invariance.py on each CPU variant: Q4_0's gemm and gemv on x86. Q4_K's 4-row gemm departs from its gemv,
+# and ARM's repacked layouts have not run: a backbone weight held that way keeps exact mode on the probe's guard.
+INVARIANT_REPACK = {"x86_64": {"Q4_0"}, "AMD64": {"Q4_0"}}
+
+
+def batch_departing(llm: llama_cpp.Llama, path) -> list[str]:
+    """Backbone weights whose buffer type computes a batch's rows with other kernels than one row's, even under
+    batch invariance (patches/0013): RiverLlama.batch_invariant is False while there are any."""
+    from river_edge.gguf_tools.reader import open_gguf
+
+    ok = INVARIANT_REPACK.get(platform.machine(), set())
+    return [t.name for t in open_gguf(path).tensors if t.name.startswith("blk.") and t.tensor_type.name not in ok
+            and tensor_buft(llm, t.name) == "CPU_REPACK"]

@@ -18,7 +18,7 @@ from jinja2 import TemplateError
 
 from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
-from river_edge.runtime.capi import _lib, model_params, tensor_buft
+from river_edge.runtime.capi import _lib, batch_departing, model_params, tensor_buft
 from river_edge.runtime.context import RiverContext, exit_histogram_of
 from river_edge.runtime.inputs import check_grammar, check_tokens
 
@@ -67,9 +67,10 @@ class RiverLlama(llama_cpp.Llama):
                  min_exit_layer: int | None = None, forced_exit: int | None = None, river: bool = True,
                  river_head: bool = True, mode: str | None = None, gate: float | None = None,
                  drafter: str | None = None, extra_bufts: bool = True, rpc_servers=None, decide: str = "sync",
-                 **kwargs):
+                 batch_invariant: bool | None = None, **kwargs):
         path = Path(model_path)
         self._decide = decide   # checked in __new__, before the Llama exists
+        self._invariant = None if batch_invariant is None else bool(batch_invariant)
         self._extra_bufts, self._rpc_servers = bool(extra_bufts), kwargs.get("rpc_servers")
         self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
@@ -109,6 +110,8 @@ class RiverLlama(llama_cpp.Llama):
             self.river_head = False
         if drafter is not None:
             self.drafter = drafter
+        self._departing = batch_departing(self, path) if self._river else []
+        self._set_invariance()
         self._cache_contract = self._contract()
         if kwargs.get("n_gpu_layers") and self.offloaded is False:
             # llama.cpp keeps every layer on the host without a word when no device can take them
@@ -119,30 +122,51 @@ class RiverLlama(llama_cpp.Llama):
     # -- the KV cache's contract ---------------------------------------------------------------
     def _contract(self) -> tuple:
         """What wrote the cells now in the KV cache, as far as it decides later tokens: cells written
-        under another contract (river K/V under a backbone mode, another rule's exits) must not be reused."""
+        under another contract (river K/V under a backbone mode, another rule's exits, other arithmetic) must not
+        be reused."""
         if not self.has_river or not self.river_enabled:
-            return ("backbone",)
+            return ("backbone", self.batch_invariant)
         mode = self._spec.mode
         if mode in ("exact", "backbone"):
-            return ("backbone",)
+            return ("backbone", self.batch_invariant)
         if mode == "gated":
             return ("gated", self._spec.gate, self.river_head)
         e = self.forced_exit
         if e is None:
             return ("rule", tuple(self.thresholds), self.min_exit_layer, self._decide)
         if e == self.n_layer - 1:
-            return ("backbone",)
+            return ("backbone", self.batch_invariant)
         return ("forced", e, self.river_head if e == -1 else None)
 
     def _sync_cache(self) -> None:
         """Drop the KV cache when the contract it was written under no longer holds."""
         if not hasattr(self, "_cache_contract"):
             return  # still in __init__: nothing decoded yet
+        self._set_invariance()
         c = self._contract()
         if c != self._cache_contract:
             self._cache_contract = c
             self.n_tokens = 0
             self._ctx.kv_cache_clear()
+
+    # -- batch invariance (patches/0013) ---------------------------------------------------------
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether the CPU backend decodes batch-invariantly: a token's logits and K/V are bit-identical whether it
+        is decoded alone, in a verification batch or in any prompt chunking (ggml's reference kernels; prompts are
+        processed more slowly). By default on in the exact and backbone modes, whose texts must agree bit for bit,
+        and off in the lossy ones; `batch_invariant=True/False` (or setting this) fixes it for every mode."""
+        return bool(self._river and self._river.llama_get_batch_invariant(self._ctx.ctx)) and not self._departing
+
+    @batch_invariant.setter
+    def batch_invariant(self, on: bool | None) -> None:
+        self._invariant = None if on is None else bool(on)
+        self._sync_cache()
+
+    def _set_invariance(self) -> None:
+        if self._river:
+            on = self._invariant if self._invariant is not None else self._spec.mode in ("exact", "backbone")
+            self._river.llama_set_batch_invariant(self._ctx.ctx, on)
 
     # -- decoding modes: exact, gated, river, fast, backbone (river_edge/runtime/spec.py) ---------------
     @property

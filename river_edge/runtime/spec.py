@@ -24,14 +24,14 @@ python (create_completion, chat, streaming, the server) goes through generate(),
 Exactness
   greedy (temp == 0): each emitted token is argmax of backbone logits computed from a cache holding only
     backbone-written cells (drafted cells are removed before the backbone batch writes them again; the
-    rejected ones are removed after). The one caveat is ggml's arithmetic: a position decoded in a batch
-    of k+1 gets logits (and K/V) that differ from one-token decoding in the last bits (measured on the
-    tiny models: up to ~1e-3 on logits, the same as a one-batch prefill of the same text differs). A
-    position whose top-2 margin is within 4x the rounding measured at start-up is decoded again alone, as
-    backbone mode decodes it, so the output does not depend on k; the identity is exact up to ties below
-    that bound (the K/V of batched cells still differ in the last bits); measured: identical on both tiny architectures, on
-    512 tokens of SmolLM2-135M and on every benchmark round of Qwen2.5-Coder-0.5B. Ties break as in
-    llama.cpp's greedy sampler (first index).
+    rejected ones are removed after). ggml's arithmetic: with batch invariance (patches/0013; RiverLlama's
+    batch_invariant, on by default in the exact and backbone modes) the CPU backend gives every row of a
+    verification batch, and every prompt chunking, the bits of one-token decoding, so the identity is exact by
+    construction; the start-up probe checks it (the cost model's batch_deviation is 0). Where rows still depart
+    (invariance turned off; a GPU or rpc-server backend), a position whose top-2 margin is within 4x the
+    rounding the probe measured is decoded again alone, as backbone mode decodes it, so the output does not
+    depend on k; the identity is then exact up to ties below that bound (the K/V of batched cells still differ
+    in the last bits). Ties break as in llama.cpp's greedy sampler (first index).
   sampling (temp != 0): the token at position t is argmax(log p + G(seed, t)), with Gumbel noise G that is a
     pure function of the seed, the position and the token id (sampling.scores: the Gumbel-max trick, an exact
     draw from p). The river drafts on the same noise with its own q, and a draft stands exactly when the
@@ -223,7 +223,7 @@ class Spec:
                      mean_draft_len=s.drafted / s.cycles if s.cycles else 0.0,
                      tokens_per_cycle=s.tokens / s.cycles if s.cycles else 0.0,
                      running_acceptance=self.acceptance, spec_off=s.spec_off, settled_ties=s.settled,
-                     rejected_cycles=s.rejected)
+                     rejected_cycles=s.rejected, batch_invariant=self.llm.batch_invariant)
             cm = cached(self._key())
             if cm is not None:
                 d["cost_model"] = cm.as_dict()
@@ -245,7 +245,8 @@ class Spec:
         setup = tuple(getattr(cp, f) for f in ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "type_k",
                                               "type_v", "flash_attn_type", "offload_kqv", "op_offload", "swa_full"))
         setup += tuple(getattr(mp, f) for f in ("n_gpu_layers", "split_mode", "main_gpu"))
-        return (str(llm.model_path), setup, llm._extra_bufts, llm._rpc_servers, llm.has_river and llm.river_head)
+        return (str(llm.model_path), setup, llm._extra_bufts, llm._rpc_servers, llm.has_river and llm.river_head,
+                llm.batch_invariant)
 
     def _decode(self, toks, pos: int, all_logits: bool) -> np.ndarray:
         """Decode toks at pos.. (seq 0) and return the logits rows (a view: copy before the next decode)."""
