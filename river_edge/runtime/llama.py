@@ -110,7 +110,10 @@ class RiverLlama(llama_cpp.Llama):
             self.river_head = False
         if drafter is not None:
             self.drafter = drafter
+        # what batch invariance cannot cover: weights repacked where it does not hold; layers on a GPU or rpc-server
         self._departing = batch_departing(self, path) if self._river else []
+        if self._river and kwargs.get("n_gpu_layers") and self.offloaded:
+            self._departing.append("layers offloaded to a device")
         self._set_invariance()
         self._cache_contract = self._contract()
         if kwargs.get("n_gpu_layers") and self.offloaded is False:
