@@ -48,3 +48,25 @@ def test_smollm2_reference_matches_llama_cpp(tmp_path_factory):
 @pytest.mark.slow
 def test_qwen_coder_reference_matches_llama_cpp(tmp_path_factory):
     check("qwen2.5-coder-0.5b", tmp_path_factory)
+
+
+@pytest.mark.slow   # builds each model's river GGUF on a fresh machine; about 10 minutes of decoding on 2 cores
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_exact_is_the_backbone_on_32_prompts(name):
+    """Exact mode against one-token backbone decoding on the real models, every token equal: 32 prompts x 256
+    tokens, greedy, batch invariance on (the default of both modes) and no near-tie settled."""
+    from river_edge.defaults import default_river
+    from river_edge.measure.tasks import load_problems
+    from river_edge.runtime.llama import RiverLlama
+
+    path = default_river(model=name)
+    ref = RiverLlama(str(path), mode="backbone", n_ctx=1024, n_threads=2)
+    ex = RiverLlama(str(path), mode="exact", n_ctx=1024, n_threads=2)
+    prompts = [p.extra["prompt"] for p in load_problems("humaneval", limit=32)]
+    for i, p in enumerate(prompts):
+        toks = ref.tokenize(p.encode())
+        want = [t for _, t in zip(range(256), ref.generate(toks, temp=0.0))]
+        got = [t for _, t in zip(range(256), ex.generate(toks, temp=0.0))]
+        assert got == want, (name, i)
+    s = ex.stats()
+    assert s["batch_invariant"] and s["settled_ties"] == 0 and s["drafted"] > 0
