@@ -1,4 +1,4 @@
-"""Tiny random llama / qwen2 GGUFs for tests: real layout, byte-level BPE tokenizer, ChatML template."""
+"""Tiny random llama / qwen2 / qwen3 GGUFs for tests: real layout, byte-level BPE tokenizer, ChatML template."""
 from __future__ import annotations
 
 import os
@@ -22,7 +22,7 @@ SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # A handful of English merges so that text tokenizes into more than bytes (each uses earlier ones).
 MERGES = ("Ġ t", "h e", "i n", "e r", "a n", "Ġ a", "o n", "r e", "Ġt he", "Ġ s", "o u", "e n", "a t",
           "Ġ w", "Ġ o", "i s", "Ġ c", "o r", "e s", "in g", "Ġ i", "l l", "Ġ h", "Ġ 1", "Ġ =", "Ġ (")
-PRE = {"llama": "smollm", "qwen2": "qwen2"}  # the pre-tokenizers of the real models we use
+PRE = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2"}  # the pre-tokenizers of the real models we use
 
 
 def _byte_tokens() -> list[str]:
@@ -126,6 +126,9 @@ def write_tiny_model(path: str | Path, arch: str = "llama", n_layer: int = 4, n_
             vector(f"{b}.attn_q.bias", n_head * hd, 0.0, 0.1)
             vector(f"{b}.attn_k.bias", n_head_kv * hd, 0.0, 0.1)
             vector(f"{b}.attn_v.bias", n_head_kv * hd, 0.0, 0.1)
+        if arch == "qwen3":   # per-head RMS norms of q and k
+            vector(f"{b}.attn_q_norm.weight", hd, 1.0, 0.1)
+            vector(f"{b}.attn_k_norm.weight", hd, 1.0, 0.1)
         matrix(f"{b}.attn_output.weight", n_embd, n_head * hd, (n_head * hd) ** -0.5)
         vector(f"{b}.ffn_norm.weight", n_embd, 1.0, 0.1)
         matrix(f"{b}.ffn_gate.weight", n_ff, n_embd, n_embd ** -0.5)

@@ -3,7 +3,8 @@
 tiny_llama / tiny_qwen2 are river GGUFs (f16 backbone, q4_0 river, thresholds +inf);
 tiny_llama_base / tiny_qwen2_base their sources. Treat them as read-only: copy before changing.
 The llama base is Q4_1 with a separate output.weight (SmolLM2 ships Q4_1); the qwen2 base is Q8_0
-with tied embeddings (no output.weight, as Qwen2.5-0.5B; the 1.5B has one) and q/k/v biases.
+with tied embeddings (no output.weight, as Qwen2.5-0.5B; the 1.5B has one) and q/k/v biases. tiny_qwen3: Q8_0, tied,
+no biases, per-head q/k norms (as Qwen3-0.6B).
 """
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ def tiny_qwen2_base(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_base(tiny_dir) -> Path:
+    return write_tiny_model(tiny_dir / "tiny-qwen3-base.gguf", "qwen3", wtype="q8_0", tie_embeddings=True, seed=3)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_llama_base, tiny_dir) -> Path:
     return build_river(tiny_llama_base, tiny_dir / "tiny-llama.gguf")
 
@@ -38,6 +44,11 @@ def tiny_llama(tiny_llama_base, tiny_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2(tiny_qwen2_base, tiny_dir) -> Path:
     return build_river(tiny_qwen2_base, tiny_dir / "tiny-qwen2.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_qwen3_base, tiny_dir) -> Path:
+    return build_river(tiny_qwen3_base, tiny_dir / "tiny-qwen3.gguf")
 
 
 @pytest.fixture

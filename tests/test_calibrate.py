@@ -65,17 +65,18 @@ def test_rule_on_recorded_signals_matches_the_model(model):
     assert row == len(e)
 
 
-@pytest.mark.parametrize("kind", ["kl", "depth"])
-def test_calibration_meets_its_target_on_unseen_prompts(tiny_llama, tmp_path, kind):
+@pytest.mark.parametrize("fixture, kind", [("tiny_llama", "kl"), ("tiny_llama", "depth"), ("tiny_qwen3", "depth")])
+def test_calibration_meets_its_target_on_unseen_prompts(request, fixture, tmp_path, kind):
+    path = request.getfixturevalue(fixture)
     s = T.Settings(n_prompts=12, decode_tokens=12, online_tokens=48, batch=6)
-    model = RiverModel(tiny_llama, emulate=False)
+    model = RiverModel(path, emulate=False)
     L = model.args.n_layer
     probe = RULE.calibrate(model, [list(range(3 + i, 9 + 2 * i)) for i in range(12)], T.Target("depth", L), s)
     river_kl = probe["test"]["all_river"]["kl"]
     assert river_kl > 0
     goal = river_kl / 2 if kind == "kl" else L / 2
     out = tmp_path / "cal.gguf"
-    summary = REP.calibrate_file(tiny_llama, out, T.Target(kind, goal), s)
+    summary = REP.calibrate_file(path, out, T.Target(kind, goal), s)
     test = summary["test"]["rule"]
     # checked online over online_tokens, not the fit's decode_tokens: the rule's own K/V feed later tokens
     assert test["tokens_per_prompt"] == summary["fit_online"]["tokens_per_prompt"] == 48
@@ -94,7 +95,7 @@ def test_calibration_meets_its_target_on_unseen_prompts(tiny_llama, tmp_path, ki
     assert stored["test"]["rule"] == json.loads(json.dumps(test))
     assert (tmp_path / "cal.gguf.calibration.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "cal.gguf.calibration.json").read_text())["spearman_per_layer"]
-    assert value(open_gguf(tiny_llama), F.KEY_CALIBRATED) is False  # the input is untouched
+    assert value(open_gguf(path), F.KEY_CALIBRATED) is False  # the input is untouched
     # the gated mode's gate is fitted on the same prompts (a depth target: the default KL) and stored
     g = summary["gate"]
     assert value(r, F.KEY_GATE) == pytest.approx(g["gate_entropy"]) and g["gate_entropy"] >= 0

@@ -34,9 +34,9 @@ def f32(t):
     return dequantize(t.data, t.tensor_type)
 
 
-@pytest.fixture(params=["llama", "qwen2"])
-def base(request, tiny_llama_base, tiny_qwen2_base):
-    return {"llama": tiny_llama_base, "qwen2": tiny_qwen2_base}[request.param]
+@pytest.fixture(params=["llama", "qwen2", "qwen3"])
+def base(request):
+    return request.getfixturevalue(f"tiny_{request.param}_base")
 
 
 def test_keep_carries_everything_over(base, tmp_path):

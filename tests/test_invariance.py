@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gguf_tools.tiny import write_tiny_model
+from river_edge.gguf_tools.tiny import write_tiny_model
 from river_edge.runtime.llama import RiverLlama
 
 capi = pytest.importorskip("river_edge.runtime.capi")
@@ -16,12 +16,13 @@ TYPES = ["f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
 N = 24
 
 
-@pytest.fixture(scope="module", params=[(a, t) for a in ("llama", "qwen2") for t in TYPES], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[(a, t) for a in ("llama", "qwen2", "qwen3") for t in TYPES],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def typed(request, tmp_path_factory):
     arch, wtype = request.param
     d = tmp_path_factory.mktemp("invariance")
     return write_tiny_model(d / f"{arch}-{wtype}.gguf", arch, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
-                            wtype=wtype, seed=5, tie_embeddings=arch == "qwen2")
+                            wtype=wtype, seed=5, tie_embeddings=arch != "llama")
 
 
 def _rows(llm, toks, sizes) -> np.ndarray:
@@ -62,7 +63,7 @@ def test_without_it_batches_round_differently(tiny_llama):
     assert any(not np.array_equal(_rows(llm, toks, [b]), alone) for b in (2, 4, 8, 16))
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen2"])
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen2", "tiny_qwen3"])
 def test_exact_is_one_token_decoding_over_512_tokens_with_random_k(request, fixture):
     path = request.getfixturevalue(fixture)
     ref = RiverLlama(str(path), mode="backbone", n_ctx=1024, n_threads=2)

@@ -18,9 +18,9 @@ INF = math.inf
 PROMPT = [5, 77, 120, 3, 64, 200, 18, 41, 99, 7]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def river_path(request, tiny_llama, tiny_qwen2):
-    return tiny_llama if request.param == "llama" else tiny_qwen2
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def river_path(request):
+    return request.getfixturevalue(f"tiny_{request.param}")
 
 
 @pytest.fixture(scope="module")

@@ -49,11 +49,11 @@ SCORE_TOL = TIE = 3e-4
 EXTRA = {"extra": True}   # the buffer types of the module's current parameter
 
 
-@pytest.fixture(scope="module", params=[(a, b) for a in ("llama", "qwen2") for b in ("extra_bufts", "no_extra_bufts")],
+@pytest.fixture(scope="module", params=[(a, b) for a in ("llama", "qwen2", "qwen3") for b in ("extra_bufts", "no_extra_bufts")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
-def river_path(request, tiny_llama, tiny_qwen2):
+def river_path(request):
     EXTRA["extra"] = request.param[1] == "extra_bufts"
-    return tiny_llama if request.param[0] == "llama" else tiny_qwen2
+    return request.getfixturevalue(f"tiny_{request.param[0]}")
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +103,10 @@ def assert_close(got, want, mixed=False):
     layers to ~5e-4 (not bit for bit), and the river layers' Q8 rounding of activations amplifies that
     into many flipped steps: on these tiny random models a stock llama.cpp on the equivalent plain GGUF
     (swapped()) differs from the reference as much (up to ~1.5e-2), while the runtime equals that stock
-    model bit for bit (test_forced_exit). So: 10x looser there."""
+    model bit for bit (test_forced_exit). So: 15x looser there (qwen3, whose per-head q/k norms add to it: 1.24e-2 at
+    the 90th percentile after layer 0)."""
     err = row_errors(got, want)
-    q90, mx = (1e-2, 3e-2) if mixed else (1e-3, 1e-2)
+    q90, mx = (1.5e-2, 3e-2) if mixed else (1e-3, 1e-2)
     assert np.quantile(err, 0.9) < q90 and err.max() < mx, err
 
 
@@ -231,7 +232,7 @@ def test_forced_exit(river_path, ref, tmp_path):
 def test_layer_inputs_past_the_exit_are_nan(river_path, tiny_llama, tmp_path):
     """llama-ext.h's layer-input extraction (which llama.cpp's EAGLE-style drafting reads): layers up to e + 1 get
     the backbone's inputs, the stock model's bits; a later layer ran on the river and gets NaN, not stale data."""
-    if river_path != tiny_llama:
+    if "qwen2" in river_path.name:
         pytest.skip("llama.cpp's qwen2 graph records no layer inputs (stock llama.cpp aborts there too)")
     lib = llama_cpp.llama_cpp._lib   # llama-ext.h declares them with C++ linkage: their mangled names
     enable = getattr(lib, "_Z30llama_set_embeddings_layer_inpP13llama_contextjb")

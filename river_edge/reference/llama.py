@@ -46,12 +46,16 @@ class Block:
         self.gate, self.up, self.down = (lin(n) for n in ("ffn_gate", "ffn_up", "ffn_down"))
         self.attn_norm, self.ffn_norm = t[p + "attn_norm.weight"].w, t[p + "ffn_norm.weight"].w
 
+    def qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k per head ([T, heads, head_dim]) before RoPE: as they come, in llama."""
+        return q, k
+
     def __call__(self, h: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
         """h: [T, n_embd]; attend(q, k, v) -> [T, n_head, head_dim] owns the KV cache."""
         a, T = self.args, h.shape[0]
         x = rms_norm(h, self.attn_norm, a.eps)
-        q = rope(self.q(x).view(T, a.n_head, a.head_dim), pos, a.n_rot, a.rope_base, self.neox)
-        k = rope(self.k(x).view(T, a.n_head_kv, a.head_dim), pos, a.n_rot, a.rope_base, self.neox)
+        q, k = self.qk(self.q(x).view(T, a.n_head, a.head_dim), self.k(x).view(T, a.n_head_kv, a.head_dim))
+        q, k = (rope(y, pos, a.n_rot, a.rope_base, self.neox) for y in (q, k))
         v = self.v(x).view(T, a.n_head_kv, a.head_dim)
         h = h + self.o(attend(q, k, v).reshape(T, -1))
         x = rms_norm(h, self.ffn_norm, a.eps)

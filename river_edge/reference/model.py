@@ -15,11 +15,11 @@ from gguf import GGMLQuantizationType
 
 from river_edge import format as F
 from river_edge.format import RiverError
-from . import llama, qwen2
+from . import llama, qwen2, qwen3
 from .ggml_numerics import round_f16
 from .weights import Args, read_gguf
 
-BLOCKS = {"llama": llama.Block, "qwen2": qwen2.Block}
+BLOCKS = {"llama": llama.Block, "qwen2": qwen2.Block, "qwen3": qwen3.Block}
 
 
 @dataclass
