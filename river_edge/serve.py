@@ -10,9 +10,8 @@ chat template refuses to render is a 400 before anything runs, streaming include
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import math
+from pathlib import Path
 
 from .format import RiverError
 from .ports import listen
@@ -80,9 +79,9 @@ def refused(body: dict, path: str, proxy: RiverProxy) -> str | None:
         proxy.resolve(model)
     except RiverError as e:
         return str(e)
-    if (bad := _unencodable(body)) is not None:
+    if (bad := _where(body, _unencodable)) is not None:
         return f"{bad}: not valid Unicode (a lone surrogate), which no tokenizer can encode"
-    if (bad := _not_finite(body)) is not None:
+    if (bad := _where(body, lambda x: isinstance(x, float) and not math.isfinite(x))) is not None:
         return f"{bad}: not a finite number"
     if (why := _invalid(body, path)) is not None:
         return why
@@ -99,8 +98,8 @@ def refused(body: dict, path: str, proxy: RiverProxy) -> str | None:
         prompt = prompt[0] if prompt else ""
     if not chat and prompt == "":
         return "the prompt is empty: llama.cpp decodes at least one token"
-    if (body.get("logprobs") not in (None, False) or body.get("logprobs") == 0 or body.get("top_logprobs")) \
-            and not llm._logits_all:   # logprobs 0 asks for the chosen token's (0 == False: named apart)
+    lp = body.get("logprobs")   # 0 asks for the chosen token's (and 0 == False: compared by identity)
+    if (lp is not None and lp is not False or body.get("top_logprobs")) and not llm._logits_all:
         return "logprobs are not served: the model is loaded without logits_all (every mode would pay for them)"
     for key in ("n", "best_of"):
         if body.get(key) not in (None, 1):
@@ -158,17 +157,6 @@ def _invalid(body: dict, path: str) -> str | None:
     return None
 
 
-def _not_finite(x, where: str = "the request") -> str | None:
-    """Where in a JSON value a number is NaN or infinite (Python's json reads NaN and Infinity), or None."""
-    if isinstance(x, float):
-        return None if math.isfinite(x) else where
-    if isinstance(x, dict):
-        return next((w for k, v in x.items() if (w := _not_finite(v, str(k))) is not None), None)
-    if isinstance(x, list):
-        return next((w for v in x if (w := _not_finite(v, where)) is not None), None)
-    return None
-
-
 def _gguf_template(llm):
     """The GGUF's chat template as llama-cpp-python's app renders it (its own formatter and tokens), or None when
     the model chats through another format."""
@@ -197,18 +185,24 @@ def rendered(body: dict, template) -> tuple[str | None, str | None]:
     return None, out.prompt
 
 
-def _unencodable(x, where: str = "the request") -> str | None:
-    """Where in a JSON value a string holds a lone surrogate (JSON allows "\\udcff"; UTF-8 does not), or None."""
-    if isinstance(x, str):
-        try:
-            x.encode("utf-8")
-        except UnicodeEncodeError:
-            return where
-    elif isinstance(x, dict):
-        return next((w for k, v in x.items() if (w := _unencodable(v, f"{k!r}")) is not None), None)
-    elif isinstance(x, list):
-        return next((w for v in x if (w := _unencodable(v, where)) is not None), None)
-    return None
+def _unencodable(x) -> bool:
+    """A string with a lone surrogate (JSON allows "\\udcff"; UTF-8 does not)."""
+    if not isinstance(x, str):
+        return False
+    try:
+        x.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _where(x, bad, where: str = "the request") -> str | None:
+    """Where in a JSON value a leaf is bad (the key holding it), or None."""
+    if isinstance(x, dict):
+        return next((w for k, v in x.items() if (w := _where(v, bad, f"{k!r}")) is not None), None)
+    if isinstance(x, list):
+        return next((w for v in x if (w := _where(v, bad, where)) is not None), None)
+    return where if bad(x) else None
 
 
 class CheckModel:
@@ -247,7 +241,11 @@ class CheckModel:
             return await _error(send, 400, f"the request body is not JSON ({e})")
         if not isinstance(req, dict):
             return await _error(send, 400, "the request body is not a JSON object")
-        if why := refused(req, scope.get("path"), self.proxy):
+        try:
+            why = refused(req, scope.get("path"), self.proxy)
+        except RecursionError:   # parsed, but too deep for the checks that walk it
+            why = "the request body nests JSON too deeply"
+        if why:
             return await _error(send, 400, why)
 
         replayed = False

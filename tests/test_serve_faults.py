@@ -109,8 +109,8 @@ def test_requests_that_killed_the_server_are_400s(served, path, body, fragment):
 @pytest.mark.parametrize("raw, fragment", [
     (b'{"prompt": "hi", "max_tokens": "ten"}', "max_tokens"),
     (b'{"prompt": "hi", "max_tokens": -1}', "max_tokens"),
-    (b'{"prompt": "hi", "top_p": NaN}', "top_p: not a finite number"),
-    (b'{"prompt": "hi", "temperature": Infinity}', "temperature: not a finite number"),
+    (b'{"prompt": "hi", "top_p": NaN}', "'top_p': not a finite number"),
+    (b'{"prompt": "hi", "temperature": Infinity}', "'temperature': not a finite number"),
     (b'{"prompt": "hi", "logit_bias": {"5": NaN}}', "not a finite number"),
     (b'{"prompt": "hi", "logit_bias": {"cat": 1}}', "not a token id"),
     (b'{"prompt": "hi", "logprobs": 0}', "logprobs are not served"),
@@ -118,6 +118,7 @@ def test_requests_that_killed_the_server_are_400s(served, path, body, fragment):
     (b'{"prompt": [""]}', "the prompt is empty"),
     (b'{"prompt": ["a", "b"]}', "one prompt per request"),
     (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests JSON too deeply"),
+    (b'{"prompt": "hi", "x": ' + b"[" * 900 + b"]" * 900 + b"}", "nests JSON too deeply"),   # parses; too deep to walk
 ])
 def test_malformed_fields_are_400s_naming_the_field_in_every_mode(served, raw, fragment):
     _, port = served

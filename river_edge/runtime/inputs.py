@@ -6,12 +6,16 @@ from __future__ import annotations
 import numbers
 
 import llama_cpp
+import numpy as np
 
 from river_edge.format import RiverError
 
 
 def check_tokens(tokens, n_vocab: int, what: str = "tokens") -> None:
     """Every id a whole number in 0..n_vocab-1; RiverError naming the first that is not."""
+    a = np.asarray(tokens)
+    if a.size == 0 or (a.dtype.kind in "iu" and a.min() >= 0 and a.max() < n_vocab):
+        return   # the common case at numpy's speed: a prompt is checked on every call
     for i, t in enumerate(tokens):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < n_vocab:
             raise RiverError(f"{what}[{i}] = {t!r}: not a token id of this model (0..{n_vocab - 1})")
