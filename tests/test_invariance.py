@@ -52,6 +52,20 @@ def test_a_row_has_the_same_bits_in_any_batch(typed, extra_bufts):
     assert np.array_equal(_rows(llm, toks, [N]), alone), "one prompt batch"
 
 
+@pytest.mark.parametrize("wtype", ["f16", "q8_0"])
+def test_a_row_has_the_same_bits_in_any_batch_with_flash_attention(tmp_path, wtype):
+    """Flash attention has three CPU paths (a KV split for one row, one chunk, tiles from 64 rows); invariance keeps
+    the one-chunk path for all, so a prompt of 80 tokens in one batch and token by token agree too."""
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen3", n_embd=256, n_head=4, n_head_kv=2, n_ff=512, wtype=wtype,
+                            seed=6, tie_embeddings=True)
+    llm = RiverLlama(str(path), mode="backbone", n_ctx=256, n_threads=2, logits_all=True, flash_attn=True)
+    assert llm.batch_invariant
+    toks = [int(t) for t in np.random.default_rng(7).integers(3, llm.n_vocab(), 80)]
+    alone = _rows(llm, toks, [1])
+    for sizes in ([80], [64, 16], [3, 16, 9]):
+        assert np.array_equal(_rows(llm, toks, sizes), alone), sizes
+
+
 def test_without_it_batches_round_differently(tiny_llama):
     """The case the patch exists for: without invariance an F16 backbone (llamafile's sgemm for batches, vec_dot for
     one row) gives a batch's rows other bits than one-token decoding (so this test file can fail)."""
