@@ -56,14 +56,11 @@ def agree(drafts: list[int], top) -> int:
     return j
 
 
-_M = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
 def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
-    z = (z + np.uint64(0x9E3779B97F4A7C15)) & _M
-    z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _M
-    z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _M
+    """splitmix64's finaliser on uint64 arrays (numpy's array arithmetic wraps modulo 2^64, as the C original)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
