@@ -2,6 +2,8 @@
 where ggml placed a model's weights)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 
@@ -31,13 +33,13 @@ def report(model: Path | None = None, threads: int | None = None) -> str:
         lines.append(f"devices     {'; '.join(rt['devices']) or '?'}; {variant}")
         lines.append(f"ggml        {rt['system_info']}")
     if model is not None and rt["patched"]:
-        from river_edge.runtime.llama import RiverLlama
-
         placed = {}
         for extra in (True, False):   # loaded twice: the weights' buffer types with ggml's extra types and without
-            llm = RiverLlama(str(model), n_ctx=256, n_threads=threads, extra_bufts=extra, verbose=False)
+            llm, log = load_logged(model, n_ctx=256, n_threads=threads, extra_bufts=extra)
+            layouts = H.repacked(log)
             placed[extra] = "; ".join(f"{role} " + ", ".join(f"{b} x{n}" for b, n in bufts.items())
-                                      for role, bufts in H.placement(llm).items())
+                                      for role, bufts in H.placement(llm).items()) + \
+                (" (repacked: " + ", ".join(f"{k} x{n}" for k, n in layouts.items()) + ")" if layouts else "")
             about = (f"model       {model}: {llm.n_layer} layers, river {'yes' if llm.has_river else 'no'}, "
                      f"threads {llm.context_params.n_threads} (batch {llm.context_params.n_threads_batch})")
             llm.close()
@@ -45,3 +47,18 @@ def report(model: Path | None = None, threads: int | None = None) -> str:
     elif model is not None:
         lines.append(f"model       {model}: weights' buffer types need the patched runtime")
     return "\n".join(lines)
+
+
+def load_logged(model: Path, **kw):
+    """A RiverLlama and llama.cpp's log of its load, ggml's debug lines included (the repacked layouts): loaded
+    verbose, so that RiverLlama leaves the log callback to us, with llama-cpp-python's own prints swallowed."""
+    import llama_cpp._logger
+
+    from river_edge.runtime.llama import RiverLlama
+    from river_edge.tokenizer import quiet_llama_logs
+
+    with quiet_llama_logs() as log, contextlib.redirect_stderr(io.StringIO()):
+        llm = RiverLlama(str(model), verbose=True, **kw)
+    llm.verbose = False
+    llama_cpp._logger.set_verbose(False)   # as a quiet load leaves it
+    return llm, "".join(log)

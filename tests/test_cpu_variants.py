@@ -18,8 +18,10 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 capi = pytest.importorskip("river_edge.runtime.capi")
 
+from river_edge.measure.host import variant_of  # noqa: E402
+
 LIB = Path(llama_cpp.__file__).with_name("lib")
-VARIANTS = sorted(p.name.split("ggml-cpu-", 1)[1].split(".", 1)[0] for p in LIB.glob("*ggml-cpu-*.so"))
+VARIANTS = sorted(variant_of(p.name) for p in LIB.glob("*ggml-cpu-*.so"))
 # the invariants of tests/test_runtime.py, each with extra buffer types on and off, both architectures; and
 # tests/test_invariance.py's bits of a row in any batch, every weight type (CPU_REPACK where AMX is not loaded)
 INVARIANTS = "river_off or forced_exit or mixed_exits or all_river or exact_is or same_bits"

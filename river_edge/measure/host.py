@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -61,8 +62,16 @@ def cpu_variant() -> str | None:
     for line in maps.splitlines():
         name = line.rsplit("/", 1)[-1]
         if "ggml-cpu-" in name:
-            return name.split("ggml-cpu-", 1)[1].split(".", 1)[0]
+            return variant_of(name)
     return None
+
+
+def variant_of(filename: str) -> str:
+    """libggml-cpu-haswell.so -> haswell; ARM's names have dots of their own (libggml-cpu-armv8.2_1.so)."""
+    name = filename.split("ggml-cpu-", 1)[1]
+    for ext in (".so", ".dll", ".dylib"):
+        name = name.split(ext, 1)[0]
+    return name
 
 
 def devices() -> list[str]:
@@ -94,6 +103,13 @@ def host(threads: int | None = None) -> dict:
     return {"cpu": cpu(), "threads": threads, "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
             "platform": platform.platform(), "python": sys.version.split()[0], "river_edge": __version__,
             "runtime": runtime()}
+
+
+def repacked(log: str) -> dict[str, int]:
+    """The repacked layouts of a load from ggml's debug lines ("repack tensor blk.0.ffn_up.weight with q4_0_8x8"):
+    {"q4_0_8x8": 7, ...}. CPU_REPACK says only that weights were repacked; ARM picks Q4_0's layout by dotprod, i8mm
+    and SVE width."""
+    return dict(Counter(re.findall(r"repack tensor \S+ with (\w+?_\d+x\d+)", log)).most_common())
 
 
 def placement(llm) -> dict[str, dict[str, int]]:
