@@ -81,9 +81,20 @@ def tensor_buft(llm: llama_cpp.Llama, name: str) -> str | None:
 
 
 # Weight types whose repacked kernels (CPU_REPACK) give a row the same bits in a batch as alone, as measured by
-# tests/test_invariance.py on each CPU variant: Q4_0's gemm and gemv on x86. Q4_K's 4-row gemm departs from its gemv,
-# and ARM's repacked layouts have not run: a backbone weight held that way keeps exact mode on the probe's guard.
-INVARIANT_REPACK = {"x86_64": {"Q4_0"}, "AMD64": {"Q4_0"}}
+# tests/test_invariance.py on each CPU variant: Q4_0's gemm and gemv on x86 (Q4_K's 4-row gemm departs from its gemv);
+# on ARM (make test-arm, four emulated CPUs) Q4_0 and Q8_0 in every layout, and Q4_K and Q5_K in their dotprod layout
+# (8x4, no i8mm); Q6_K's, and the k-quants' i8mm layout (8x8), depart from 4 rows. A backbone weight held in a departing
+# layout keeps exact mode on the probe's guard. macOS names ARM arm64: the same kernels, not run there.
+INVARIANT_REPACK = {"x86_64": {"Q4_0"}, "AMD64": {"Q4_0"}, "aarch64": {"Q4_0", "Q8_0"}, "arm64": {"Q4_0", "Q8_0"}}
+ARM_WITHOUT_I8MM = {"Q4_K", "Q5_K"}
+
+
+def invariant_repack() -> set[str]:
+    ok = INVARIANT_REPACK.get(platform.machine(), set())
+    if platform.machine() in ("aarch64", "arm64") and \
+            "MATMUL_INT8 = 1" not in llama_cpp.llama_print_system_info().decode(errors="replace"):
+        ok = ok | ARM_WITHOUT_I8MM   # the loaded CPU variant has no i8mm: ggml repacks k-quants as 8x4
+    return ok
 
 
 def batch_departing(llm: llama_cpp.Llama, path) -> list[str]:
@@ -91,6 +102,6 @@ def batch_departing(llm: llama_cpp.Llama, path) -> list[str]:
     batch invariance (patches/0013): RiverLlama.batch_invariant is False while there are any."""
     from river_edge.gguf_tools.reader import open_gguf
 
-    ok = INVARIANT_REPACK.get(platform.machine(), set())
+    ok = invariant_repack()
     return [t.name for t in open_gguf(path).tensors if t.name.startswith("blk.") and t.tensor_type.name not in ok
             and tensor_buft(llm, t.name) == "CPU_REPACK"]
