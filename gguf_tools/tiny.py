@@ -1,4 +1,5 @@
-"""Tiny random llama / qwen2 / qwen3 GGUFs for tests: real layout, byte-level BPE tokenizer, ChatML template."""
+"""Tiny random GGUFs of every supported architecture for tests: real layout, byte-level BPE tokenizer, ChatML
+template."""
 from __future__ import annotations
 
 import os
@@ -22,7 +23,16 @@ SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # A handful of English merges so that text tokenizes into more than bytes (each uses earlier ones).
 MERGES = ("Ġ t", "h e", "i n", "e r", "a n", "Ġ a", "o n", "r e", "Ġt he", "Ġ s", "o u", "e n", "a t",
           "Ġ w", "Ġ o", "i s", "Ġ c", "o r", "e s", "in g", "Ġ i", "l l", "Ġ h", "Ġ 1", "Ġ =", "Ġ (")
-PRE = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2"}  # the pre-tokenizers of the real models we use
+# the pre-tokenizers of the real models we use (Gemma's and Mistral's vocabularies are not BPE: any will do)
+PRE = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "mistral3": "default"}
+# Llama 3's rope_freqs for a head of `n_rot`: each pair's frequency divided by 1 (fast) .. 8 (slow), smoothly
+# between, as Llama 3.x ships them (factor 8, low/high frequency factors 1/4, an 8192-token original context)
+
+
+def llama3_rope_freqs(n_rot: int, base: float) -> np.ndarray:
+    wavelen = 2 * np.pi * base ** (np.arange(0, n_rot, 2) / n_rot)
+    smooth = np.clip((8192 / wavelen - 1) / (4 - 1), 0, 1)
+    return (1 / ((1 - smooth) / 8 + smooth)).astype(np.float32)
 
 
 def _byte_tokens() -> list[str]:
@@ -54,14 +64,20 @@ def vocabulary(vocab: int | None = None) -> tuple[list[str], list[int], int]:
 def write_tiny_model(path: str | Path, arch: str = "llama", n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, vocab: int | None = None, seed: int = 0,
                      wtype: str = "f32", tie_embeddings: bool = False, river: str | None = None,
-                     backbone: str = "f16", n_ctx: int = 2048) -> Path:
+                     backbone: str = "f16", n_ctx: int = 2048, head_dim: int | None = None,
+                     rope_freqs: bool = False, n_swa: int = 0, swa_pattern: int | None = None) -> Path:
     """Write a random model at `path`; with `river` a river GGUF (built from it with `backbone`).
 
     `wtype` is the type of the 2-D weights (f32, or a ggml type such as q4_1 to look like a shipped
     model); norms and biases are F32. `tie_embeddings`: no output.weight, as SmolLM2 and Qwen2.5-0.5B ship.
+    `head_dim`: other than n_embd / n_head (Gemma 3's is). `rope_freqs`: Llama 3's RoPE frequency tensor (llama).
+    `n_swa`: Gemma 3's sliding window (every layer but each 6th slides, or each `swa_pattern`-th). mistral3 gets an attention temperature
+    that starts at position 4, so short sequences exercise it.
     """
     if arch not in ARCHITECTURES:
         raise RiverError(f"unsupported architecture '{arch}': river-edge supports {', '.join(ARCHITECTURES)}")
+    if rope_freqs and arch not in ("llama", "mistral3"):
+        raise RiverError(f"{arch} reads no rope_freqs tensor")
     if n_embd % n_head or n_head % n_head_kv:
         raise RiverError("n_embd must divide by n_head and n_head by n_head_kv")
     path = Path(path)
@@ -70,14 +86,15 @@ def write_tiny_model(path: str | Path, arch: str = "llama", n_layer: int = 4, n_
         os.close(fd)
         try:
             write_tiny_model(base, arch, n_layer, n_embd, n_head, n_head_kv, n_ff, vocab, seed, wtype,
-                             tie_embeddings, None, backbone, n_ctx)
+                             tie_embeddings, None, backbone, n_ctx, head_dim, rope_freqs, n_swa, swa_pattern)
             return build_river(base, path, backbone=backbone, river=river)
         finally:
             os.unlink(base)
 
     rng = np.random.default_rng(seed)
     tokens, types, sp = vocabulary(vocab)
-    hd = n_embd // n_head
+    hd = head_dim or n_embd // n_head
+    base = 500000.0 if rope_freqs else 10000.0 if arch in ("llama", "mistral3") else 1000000.0
     w = GGUFWriter(path, arch)
     w.add_name(f"tiny-{arch}")
     w.add_file_type(int(LlamaFileType.ALL_F32 if wtype == "f32" else quant.FILE_TYPES.get(wtype, LlamaFileType.GUESSED)))
@@ -88,7 +105,17 @@ def write_tiny_model(path: str | Path, arch: str = "llama", n_layer: int = 4, n_
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(10000.0 if arch == "llama" else 1000000.0)
+    w.add_rope_freq_base(base)
+    if head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if n_swa:
+        w.add_sliding_window(n_swa)
+    if swa_pattern is not None:
+        w.add_sliding_window_pattern(swa_pattern)
+    if arch == "mistral3":
+        w.add_attn_temperature_scale(0.1)
+        w.add_rope_scaling_orig_ctx_len(4)
     w.add_layer_norm_rms_eps(1e-5 if arch == "llama" else 1e-6)
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
@@ -126,14 +153,19 @@ def write_tiny_model(path: str | Path, arch: str = "llama", n_layer: int = 4, n_
             vector(f"{b}.attn_q.bias", n_head * hd, 0.0, 0.1)
             vector(f"{b}.attn_k.bias", n_head_kv * hd, 0.0, 0.1)
             vector(f"{b}.attn_v.bias", n_head_kv * hd, 0.0, 0.1)
-        if arch == "qwen3":   # per-head RMS norms of q and k
+        if arch in ("qwen3", "gemma3"):   # per-head RMS norms of q and k
             vector(f"{b}.attn_q_norm.weight", hd, 1.0, 0.1)
             vector(f"{b}.attn_k_norm.weight", hd, 1.0, 0.1)
         matrix(f"{b}.attn_output.weight", n_embd, n_head * hd, (n_head * hd) ** -0.5)
+        if arch == "gemma3":   # norms after attention and after the FFN
+            vector(f"{b}.post_attention_norm.weight", n_embd, 1.0, 0.1)
+            vector(f"{b}.post_ffw_norm.weight", n_embd, 1.0, 0.1)
         vector(f"{b}.ffn_norm.weight", n_embd, 1.0, 0.1)
         matrix(f"{b}.ffn_gate.weight", n_ff, n_embd, n_embd ** -0.5)
         matrix(f"{b}.ffn_up.weight", n_ff, n_embd, n_embd ** -0.5)
         matrix(f"{b}.ffn_down.weight", n_embd, n_ff, n_ff ** -0.5)
+    if rope_freqs:
+        w.add_tensor("rope_freqs.weight", llama3_rope_freqs(hd, base))
     vector("output_norm.weight", n_embd, 1.0, 0.1)
     if not tie_embeddings:
         matrix("output.weight", len(tokens), n_embd, 2.0 / np.sqrt(n_embd))

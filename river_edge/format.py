@@ -8,7 +8,7 @@ FORMAT_VERSION = 1
 
 # The 2-D weights of a decoder layer that get a river twin.
 LAYER_WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "mistral3")
 RIVER_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 BACKBONE_TYPES = ("keep", "f16", "q8_0")
 

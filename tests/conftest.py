@@ -1,7 +1,7 @@
 """Shared fixtures: tiny random models (base and river GGUFs), written once per test session.
 
-tiny_llama / tiny_qwen2 are river GGUFs (f16 backbone, q4_0 river, thresholds +inf);
-tiny_llama_base / tiny_qwen2_base their sources. Treat them as read-only: copy before changing.
+tiny_<name> are river GGUFs (f16 backbone, q4_0 river, thresholds +inf), tiny_<name>_base their sources, for
+every name in TINY. Treat them as read-only: copy before changing.
 The llama base is Q4_1 with a separate output.weight (SmolLM2 ships Q4_1); the qwen2 base is Q8_0
 with tied embeddings (no output.weight, as Qwen2.5-0.5B; the 1.5B has one) and q/k/v biases. tiny_qwen3: Q8_0, tied,
 no biases, per-head q/k norms (as Qwen3-0.6B).
@@ -21,34 +21,41 @@ def tiny_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tiny")
 
 
-@pytest.fixture(scope="session")
-def tiny_llama_base(tiny_dir) -> Path:
-    return write_tiny_model(tiny_dir / "tiny-llama-base.gguf", "llama", wtype="q4_1", seed=1)
+# The tiny models, one per architecture the suite pins (tests parametrize over ARCHS by name): each is a
+# fixture tiny_<name>_base (the source) and tiny_<name> (its river GGUF).
+TINY = {
+    "llama": dict(arch="llama", wtype="q4_1", seed=1),
+    # Llama 3.x: rope_freqs (frequencies divided by 1..8) and a 500k base; Q8_0, tied, as Llama 3.2 1B
+    "llama3": dict(arch="llama", wtype="q8_0", tie_embeddings=True, rope_freqs=True, seed=4),
+    "qwen2": dict(arch="qwen2", wtype="q8_0", tie_embeddings=True, seed=2),
+    "qwen3": dict(arch="qwen3", wtype="q8_0", tie_embeddings=True, seed=3),
+    # Gemma 3: six layers, so the default pattern gives five sliding-window layers and one global; a window of
+    # 8 that the tests' sequences outgrow; eight heads of 16, so n_head * head_dim (128) is not n_embd (64), and
+    # one KV head. Untied, unlike the 270M: with tied embeddings and Gemma's sqrt(n_embd) scale a random model
+    # writes its last token forever, and the sliding layers' scores then repeat exactly (ties everywhere). Heads of
+    # 32 make the reference comparisons flaky: a Q8 rounding that flips on summation noise early in a sequence
+    # reaches every later row through the cache, and longer heads make one likelier.
+    "gemma3": dict(arch="gemma3", wtype="q8_0", n_layer=6, n_head=8, head_dim=16, n_head_kv=1, n_swa=8, seed=0),
+    # Ministral 3: llama's graph with Llama 4's attention temperature (from position 4 here)
+    "mistral3": dict(arch="mistral3", wtype="q8_0", seed=18),
+}
+ARCHS = tuple(TINY)
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen2_base(tiny_dir) -> Path:
-    return write_tiny_model(tiny_dir / "tiny-qwen2-base.gguf", "qwen2", wtype="q8_0", tie_embeddings=True, seed=2)
+def _tiny_fixtures(name: str, spec: dict):
+    @pytest.fixture(scope="session")
+    def base(tiny_dir) -> Path:
+        kw = dict(spec)
+        return write_tiny_model(tiny_dir / f"tiny-{name}-base.gguf", kw.pop("arch"), **kw)
+
+    @pytest.fixture(scope="session")
+    def river(tiny_dir, request) -> Path:
+        return build_river(request.getfixturevalue(f"tiny_{name}_base"), tiny_dir / f"tiny-{name}.gguf")
+    return base, river
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen3_base(tiny_dir) -> Path:
-    return write_tiny_model(tiny_dir / "tiny-qwen3-base.gguf", "qwen3", wtype="q8_0", tie_embeddings=True, seed=3)
-
-
-@pytest.fixture(scope="session")
-def tiny_llama(tiny_llama_base, tiny_dir) -> Path:
-    return build_river(tiny_llama_base, tiny_dir / "tiny-llama.gguf")
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen2(tiny_qwen2_base, tiny_dir) -> Path:
-    return build_river(tiny_qwen2_base, tiny_dir / "tiny-qwen2.gguf")
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen3(tiny_qwen3_base, tiny_dir) -> Path:
-    return build_river(tiny_qwen3_base, tiny_dir / "tiny-qwen3.gguf")
+for _name, _spec in TINY.items():
+    globals()[f"tiny_{_name}_base"], globals()[f"tiny_{_name}"] = _tiny_fixtures(_name, _spec)
 
 
 @pytest.fixture

@@ -65,7 +65,8 @@ def test_rule_on_recorded_signals_matches_the_model(model):
     assert row == len(e)
 
 
-@pytest.mark.parametrize("fixture, kind", [("tiny_llama", "kl"), ("tiny_llama", "depth"), ("tiny_qwen3", "depth")])
+@pytest.mark.parametrize("fixture, kind", [("tiny_llama", "kl"), ("tiny_llama", "depth"), ("tiny_qwen3", "depth"),
+                                           ("tiny_gemma3", "depth")])
 def test_calibration_meets_its_target_on_unseen_prompts(request, fixture, tmp_path, kind):
     path = request.getfixturevalue(fixture)
     s = T.Settings(n_prompts=12, decode_tokens=12, online_tokens=48, batch=6)

@@ -91,6 +91,7 @@ def test_doctor(runner, tiny_llama):
         pytest.skip("the buffer types of a river GGUF need the patched llama-cpp-python")
     out = run(runner, "doctor", str(tiny_llama), "-t", "1").stdout
     assert "cpu " in out and "ISA" in out and "devices" in out
+    assert f"rivers for  {', '.join(F.ARCHITECTURES)}" in out
     # every weight accounted for, with extra buffer types on and off (off: plain CPU buffers only)
     on, off = (next(l for l in out.splitlines() if l.startswith(f"extra bufts {x}")) for x in ("on", "off"))
     assert "backbone" in on and "river " in on and "AMX" not in off and "REPACK" not in off
@@ -316,7 +317,7 @@ def test_models_lists_without_downloading(runner, tmp_path):
         assert name in r.stdout
     assert str(tmp_path / "cache") in r.stdout
     rows = json.loads(run(runner, "models", "--json").stdout)["models"]
-    assert {x["name"]: (x["prepared"], x["supported"]) for x in rows}["gemma3-270m"] == (False, False)
+    assert {x["name"]: (x["prepared"], x["supported"]) for x in rows}["gemma3-270m"] == (False, True)
     other = tmp_path / "elsewhere"
     assert str(other) in json.loads(run(runner, "models", "--json", "--cache-dir", other).stdout)["cache"]
 
@@ -331,7 +332,7 @@ def test_models_prepare(runner, monkeypatch, tmp_path):
     monkeypatch.setattr(zoo, "prepare", fake_prepare)
     r = run(runner, "models", "prepare", "smollm2-135m", "gemma3-270m", "smollm2-135m", "--cache-dir", tmp_path / "c")
     assert calls == [("smollm2-135m", str(tmp_path / "c")), ("gemma3-270m", str(tmp_path / "c"))]
-    assert "gemma3-270m" in r.stdout and "unsupported" in r.stdout
+    assert "gemma3-270m" in r.stdout and "unsupported" not in r.stdout
     one_error_line(run(runner, "models", "prepare", "smollm2-135m", "nosuch", code=1), "no such model 'nosuch'")
     assert len(calls) == 2  # nothing was fetched for a list with an unknown name
 
@@ -373,12 +374,12 @@ def test_default_river_is_built_once(monkeypatch, tiny_llama_base, tmp_path):
 def files(tiny_llama, tiny_llama_base, tmp_path):
     (tmp_path / "text.gguf").write_text("hello, not a model\n")
     (tmp_path / "short.gguf").write_bytes(Path(tiny_llama).read_bytes()[:100_000])
-    rewrite(tiny_llama_base, tmp_path / "gemma.gguf", arch="gemma3")
+    rewrite(tiny_llama_base, tmp_path / "phi3.gguf", arch="phi3")   # an architecture without a river
     (tmp_path / "bad.jsonl").write_text('{"text": "no prompt field"}\n')
     os.mkfifo(tmp_path / "pipe.gguf")   # a special file as output: a rename over it would replace it (/dev/null)
     (tmp_path / "adir.gguf").mkdir()
     return {"river": tiny_llama, "base": tiny_llama_base, "text": tmp_path / "text.gguf",
-            "short": tmp_path / "short.gguf", "gemma": tmp_path / "gemma.gguf", "out": tmp_path / "out.gguf",
+            "short": tmp_path / "short.gguf", "phi3": tmp_path / "phi3.gguf", "out": tmp_path / "out.gguf",
             "missing": tmp_path / "missing.gguf", "badprompts": tmp_path / "bad.jsonl", "tmp": tmp_path,
             "pipe": tmp_path / "pipe.gguf", "adir": tmp_path / "adir.gguf"}
 
@@ -387,8 +388,7 @@ FAILURES = [  # exit 1: one line on stderr
     (["build", "{missing}", "-o", "{out}"], "no such file or model"),
     (["build", "{text}", "-o", "{out}"], "not a GGUF file"),
     (["build", "{short}", "-o", "{out}"], "truncated"),
-    (["build", "{gemma}", "-o", "{out}", "--no-calibrate"], "unsupported architecture 'gemma3'"),
-    (["build", "gemma3-270m", "-o", "{out}"], "gemma3"),  # refused before any download
+    (["build", "{phi3}", "-o", "{out}", "--no-calibrate"], "unsupported architecture 'phi3'"),
     (["build", "{river}", "-o", "{out}"], "already a river GGUF"),
     (["build", "{base}", "-o", "{tmp}/nodir/out.gguf"], "does not exist"),
     (["build", "{base}", "-o", "{tmp}"], "folder"),
@@ -409,10 +409,10 @@ FAILURES = [  # exit 1: one line on stderr
     (["inspect", "{text}"], "not a GGUF file"),
     (["inspect", "{missing}"], "file not found"),
     (["inspect", "gemma3-270m"], "not prepared here; `river models prepare gemma3-270m`"),
-    (["validate", "{gemma}"], "unsupported architecture"),
+    (["validate", "{phi3}"], "unsupported architecture"),
     (["validate", "{missing}"], "file not found"),
     (["convert", "{missing}", "-o", "{out}", "--to", "q8_0"], "no such file or model"),
-    (["convert", "{gemma}", "-o", "{out}", "--to", "q8_0"], "unsupported architecture"),
+    (["convert", "{phi3}", "-o", "{out}", "--to", "q8_0"], "unsupported architecture"),
     (["models", "prepare", "nosuch"], "no such model"),
 ]
 

@@ -14,6 +14,7 @@ from river_edge.format import RiverError
 from river_edge.gguf_tools import build_river, quant, set_river_keys, validate, write_tiny_model
 from river_edge.gguf_tools.reader import ggml_shape, value
 
+from conftest import ARCHS
 from gguf_edit import DROP, rewrite
 
 
@@ -34,7 +35,7 @@ def f32(t):
     return dequantize(t.data, t.tensor_type)
 
 
-@pytest.fixture(params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(params=ARCHS)
 def base(request):
     return request.getfixturevalue(f"tiny_{request.param}_base")
 
@@ -278,19 +279,19 @@ def test_dst_equal_src_refused(tiny_llama_base, tmp_path, monkeypatch):
     assert sha(copy) == before and sorted(p.name for p in tmp_path.iterdir()) == ["link.gguf", "m.gguf"]
 
 
-def _gemma(tmp_path):
-    w = GGUFWriter(tmp_path / "gemma.gguf", "gemma3")
+def _phi3(tmp_path):
+    w = GGUFWriter(tmp_path / "phi3.gguf", "phi3")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    return tmp_path / "gemma.gguf"
+    return tmp_path / "phi3.gguf"
 
 
 @pytest.mark.parametrize("case, fragment", [
     ("missing", "missing.gguf: file not found"),
     ("not gguf", "not a GGUF file (bad magic)"),
     ("truncated", "truncated"),
-    ("gemma3", "unsupported architecture 'gemma3': river-edge supports llama, qwen2"),
+    ("phi3", "unsupported architecture 'phi3': river-edge supports llama, qwen2, qwen3, gemma3, mistral3"),
     ("river", "already a river GGUF"),
     ("no ffn_gate", "tensor blk.1.ffn_gate.weight is missing"),
     ("backbone", "unknown backbone type 'q4_0'"),
@@ -309,8 +310,8 @@ def test_bad_input(case, fragment, tiny_llama_base, tiny_llama, tmp_path):
     elif case == "truncated":
         src = tmp_path / "t.gguf"
         src.write_bytes(tiny_llama_base.read_bytes()[:5000])
-    elif case == "gemma3":
-        src = _gemma(tmp_path)
+    elif case == "phi3":
+        src = _phi3(tmp_path)
     elif case == "river":
         src = tiny_llama
     elif case == "no ffn_gate":

@@ -39,7 +39,7 @@ CASES = {
     "layer types length": (dict(keys={F.KEY_LAYER_TYPES: (["q4_0"], V.ARRAY, V.STRING)}), "river.layer_types has 1 entries"),
     "backbone type": (dict(keys={F.KEY_BACKBONE_TYPE: ("q6_k", V.STRING)}), "unknown backbone type 'q6_k'"),
     "missing key": (dict(keys={F.KEY_THRESHOLDS: DROP}), "key river.thresholds is missing"),
-    "architecture": (dict(arch="gemma3", keys={"gemma3.block_count": (4, V.UINT32)}), "unsupported architecture 'gemma3': river-edge supports llama, qwen2"),
+    "architecture": (dict(arch="phi3", keys={"phi3.block_count": (4, V.UINT32)}), "unsupported architecture 'phi3': river-edge supports llama, qwen2, qwen3, gemma3, mistral3"),
 }
 
 

@@ -9,6 +9,8 @@ import pytest
 from river_edge.gguf_tools.tiny import write_tiny_model
 from river_edge.runtime.llama import RiverLlama
 
+from conftest import ARCHS
+
 capi = pytest.importorskip("river_edge.runtime.capi")
 pytestmark = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
@@ -78,7 +80,7 @@ def test_without_it_batches_round_differently(tiny_llama):
     assert any(not np.array_equal(_rows(llm, toks, [b]), alone) for b in (2, 4, 8, 16))
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen2", "tiny_qwen3"])
+@pytest.mark.parametrize("fixture", [f"tiny_{a}" for a in ARCHS])
 def test_exact_is_one_token_decoding_over_512_tokens_with_random_k(request, fixture):
     path = request.getfixturevalue(fixture)
     ref = RiverLlama(str(path), mode="backbone", n_ctx=1024, n_threads=2)

@@ -37,6 +37,7 @@ if torch is not None:
     from river_edge.reference.ggml_numerics import unrounded_weights
 
 from gguf import GGUFValueType  # noqa: E402
+from conftest import ARCHS  # noqa: E402
 from gguf_edit import rewrite, swapped  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
@@ -55,7 +56,7 @@ SCORE_TOL = TIE = 3e-4
 EXTRA = {"extra": True}   # the buffer types of the module's current parameter
 
 
-@pytest.fixture(scope="module", params=[(a, b) for a in ("llama", "qwen2", "qwen3") for b in ("extra_bufts", "no_extra_bufts")],
+@pytest.fixture(scope="module", params=[(a, b) for a in ARCHS for b in ("extra_bufts", "no_extra_bufts")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def river_path(request):
     EXTRA["extra"] = request.param[1] == "extra_bufts"
@@ -133,9 +134,10 @@ def rule_exit(sims, tau, m, L, upto):
     return None
 
 
-def kv_cells(ctx, seq=0):
-    """llama.cpp's cache of a sequence through the state API (llama-kv-cache.cpp state_write):
-    (positions [cells], K [n_layer, cells, n_embd_k_gqa], V [n_layer, cells, n_embd_v_gqa]) as float32."""
+def kv_cells(ctx, swa=None, seq=0):
+    """llama.cpp's cache of a sequence through the state API (llama-kv-cache.cpp state_write), per layer:
+    [(positions [cells], K [cells, n_embd_k_gqa], V [cells, n_embd_v_gqa])] as float32. swa: which layers slide
+    (Gemma 3): their cache is a second section (llama-kv-cache-iswa.cpp) that holds only the window's cells."""
     n = llama_cpp.llama_state_seq_get_size(ctx, seq)
     buf = (ctypes.c_uint8 * n)()
     assert llama_cpp.llama_state_seq_get_data(ctx, buf, n, seq) == n
@@ -153,52 +155,67 @@ def kv_cells(ctx, seq=0):
         off += 2 * count
         return a
 
-    _magic, _seq, n_stream = take("IiI")
-    assert n_stream == 1
-    cells = take("I")
-    pos = []
-    for _ in range(cells):
-        p, n_seq = take("iI")
-        take(f"{n_seq}i")
-        pos.append(p)
-    v_trans, n_layer = take("II")
-    K, V = [], []
-    for _ in range(n_layer):
-        k_type, row = take("iQ")
-        assert k_type == 1, "F16 cache"  # GGML_TYPE_F16
-        K.append(f16(cells * row // 2).reshape(cells, row // 2))
-    for _ in range(n_layer):
-        if v_trans:
-            v_type, _el, n_embd_v = take("iII")
-            V.append(f16(cells * n_embd_v).reshape(n_embd_v, cells).T)
-        else:
-            v_type, row = take("iQ")
-            V.append(f16(cells * row // 2).reshape(cells, row // 2))
-        assert v_type == 1
+    _magic, _seq = take("Ii")
+    sections = []
+    while off < len(b):
+        assert take("I") == 1   # one stream
+        cells = take("I")
+        pos = []
+        for _ in range(cells):
+            p, n_seq = take("iI")
+            take(f"{n_seq}i")
+            pos.append(p)
+        v_trans, n_layer = take("II")
+        K, V = [], []
+        for _ in range(n_layer):
+            k_type, row = take("iQ")
+            assert k_type == 1, "F16 cache"  # GGML_TYPE_F16
+            K.append(f16(cells * row // 2).reshape(cells, row // 2))
+        for _ in range(n_layer):
+            if v_trans:
+                v_type, _el, n_embd_v = take("iII")
+                V.append(f16(cells * n_embd_v).reshape(n_embd_v, cells).T)
+            else:
+                v_type, row = take("iQ")
+                V.append(f16(cells * row // 2).reshape(cells, row // 2))
+            assert v_type == 1
+        sections += [(np.array(pos), k, v) for k, v in zip(K, V)]
     assert off == len(b)
-    return np.array(pos), np.stack(K), np.stack(V)
+    if swa is None or not any(swa):
+        return sections
+    assert len(sections) == len(swa)
+    order = [i for i in range(len(swa)) if not swa[i]] + [i for i in range(len(swa)) if swa[i]]
+    return [sections[order.index(i)] for i in range(len(swa))]
 
 
-def assert_cache_matches(ctx, cache, positions):
+def sliding(ref):
+    return [b.window > 0 for b in ref.backbone]
+
+
+def assert_cache_matches(ctx, cache, positions, swa=None):
     """K and V of the given positions, every layer: llama.cpp's (f16) vs the reference's (f16-rounded),
     within 1e-2 of the row's norm."""
-    pos, K, V = kv_cells(ctx)
-    at = {p: i for i, p in enumerate(pos.tolist())}
-    idx = [at[p] for p in positions]
-    L, P = K.shape[0], list(positions)
-    for got, want in ((K[:, idx], cache.k[:, P]), (V[:, idx], cache.v[:, P])):
-        want = want.reshape(L, len(P), -1).numpy()
-        err = np.abs(got - want).max(-1) / np.linalg.norm(want, axis=-1)  # [layer, position]
-        assert err.max() < 1e-2, err
+    P = list(positions)
+    for il, (pos, K, V) in enumerate(kv_cells(ctx, swa)):
+        at = {p: i for i, p in enumerate(pos.tolist())}
+        here = [p for p in P if p in at]
+        # only a sliding layer may lack a position: one its window has left
+        assert here == P or (swa and swa[il] and max(set(P) - set(here)) < min(here)), (il, P, pos)
+        idx = [at[p] for p in here]
+        for got, want in ((K[idx], cache.k[il, here]), (V[idx], cache.v[il, here])):
+            want = want.reshape(len(here), -1).numpy()
+            err = np.abs(got - want).max(-1) / np.linalg.norm(want, axis=-1)  # [position]
+            assert err.max() < 1e-2, (il, err)
 
 
-def load_cache(cache, ctx):
-    """The reference's cache := llama.cpp's (so both continue from the very same mixed cache)."""
-    pos, K, V = kv_cells(ctx)
-    L = K.shape[0]
-    cache.k[:, pos] = torch.from_numpy(K).reshape(L, len(pos), *cache.k.shape[2:])
-    cache.v[:, pos] = torch.from_numpy(V).reshape(L, len(pos), *cache.v.shape[2:])
-    assert cache.n == len(pos)
+def load_cache(cache, ctx, swa=None):
+    """The reference's cache := llama.cpp's (so both continue from the very same mixed cache; a sliding layer's
+    cells out of its window are not in llama.cpp's state, and no later token reads them)."""
+    layers = kv_cells(ctx, swa)
+    for il, (pos, K, V) in enumerate(layers):
+        cache.k[il, pos] = torch.from_numpy(K).reshape(len(pos), *cache.k.shape[2:])
+        cache.v[il, pos] = torch.from_numpy(V).reshape(len(pos), *cache.v.shape[2:])
+    assert cache.n == max(len(pos) for pos, _, _ in layers)
 
 
 # -- 1. river off / tau = +inf / forced L-1: the stock path, bit for bit ---------------------------------
@@ -222,8 +239,9 @@ def test_stock_code_gets_the_backbone(river_path, tmp_path):
     """A river GGUF in a stock llama_cpp.Llama (a server, a script that knows nothing of the river) runs the
     backbone, lossless, not the exit rule."""
     want = greedy(stock(plain(river_path, tmp_path / "backbone.gguf", "backbone")))[1]
+    L = river(river_path).n_layer
     calibrated = rewrite(river_path, tmp_path / "calibrated.gguf", keys={
-        "river.thresholds": ([0.0] * 4, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+        "river.thresholds": ([0.0] * L, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
         "river.min_exit_layer": (0, GGUFValueType.UINT32)})   # the rule would exit at layer 0 every token
     assert greedy(stock(calibrated))[1].tobytes() == want.tobytes()
     ruled = river(calibrated, mode="river")
@@ -248,8 +266,8 @@ def test_forced_exit(river_path, ref_if_torch, tmp_path):
 def test_layer_inputs_past_the_exit_are_nan(river_path, tiny_llama, tmp_path):
     """llama-ext.h's layer-input extraction (which llama.cpp's EAGLE-style drafting reads): layers up to e + 1 get
     the backbone's inputs, the stock model's bits; a later layer ran on the river and gets NaN, not stale data."""
-    if "qwen2" in river_path.name:
-        pytest.skip("llama.cpp's qwen2 graph records no layer inputs (stock llama.cpp aborts there too)")
+    if any(a in river_path.name for a in ("qwen2", "gemma3", "mistral3")):
+        pytest.skip("llama.cpp's graph of this architecture records no layer inputs (stock llama.cpp aborts there too)")
     lib = llama_cpp.llama_cpp._lib   # llama-ext.h declares them with C++ linkage: their mangled names
     enable = getattr(lib, "_Z30llama_set_embeddings_layer_inpP13llama_contextjb")
     get = getattr(lib, "_Z30llama_get_embeddings_layer_inpP13llama_contextj")
@@ -346,14 +364,14 @@ def test_generation_with_mixed_exits(river_path, ref):
     feed = PROMPT
     for step in range(n_new + 1):
         if step:  # the reference reads llama.cpp's cache: per-step differences do not accumulate
-            load_cache(c, m._ctx.ctx)
+            load_cache(c, m._ctx.ctx, sliding(ref))
         m.eval(feed)
         e, scores = m.last_exit, m.last_scores()
         st = ref.step([(feed, c)], Policy(forced=e))  # the same mixed cache as the runtime's
         # 3: the K/V this step wrote, every layer (backbone up to e, river after)
-        assert_cache_matches(m._ctx.ctx, c, range(c.n - len(feed), c.n))
+        assert_cache_matches(m._ctx.ctx, c, range(c.n - len(feed), c.n), sliding(ref))
         sims = st.sims.min(0).values.numpy()
-        scored = list(range(m0, min(e, L - 2) + 1))
+        scored = [l for l in range(m0, min(e, L - 2) + 1) if tau[l] != INF]   # a layer with tau = inf is not checked
         # 4: the runtime's scores are the reference's for the layers tested, NaN elsewhere
         assert np.isnan(np.delete(scores, scored)).all(), (step, scores)
         np.testing.assert_allclose(scores[scored], sims[scored], atol=SCORE_TOL, rtol=0)
@@ -389,7 +407,7 @@ def test_lagged_rule(river_path, ref):
     toks, feed, prev, exits, rows = list(PROMPT), PROMPT, None, [], []
     for step in range(n_new + 1):
         if step:
-            load_cache(c, m._ctx.ctx)
+            load_cache(c, m._ctx.ctx, sliding(ref))
         m.eval(feed)
         e, scores = m.last_exit, m.last_scores()
         # the decision: the rule on the previous step's scores as read (the first step runs the backbone)
@@ -568,14 +586,13 @@ def test_stock_runtime_and_broken_files(river_path, tmp_path, monkeypatch):
 
 def test_changing_controls_between_decodes(river_path):
     """Each step's logits equal those of a fresh context given the same cache (state API) and settings."""
-    L = 4
+    m = river(river_path)
+    L = m.n_layer
     settings = [dict(forced_exit=0), dict(forced_exit=None, thresholds=0.0, min_exit_layer=1),
                 dict(forced_exit=-1), dict(forced_exit=L - 1), dict(forced_exit=None, thresholds=INF),
                 dict(forced_exit=None, thresholds=0.0, min_exit_layer=2), dict(forced_exit=L - 2),
                 dict(forced_exit=0)]
     expect_exit = [0, 1, -1, L - 1, L - 1, 2, L - 2, 0]
-    m = river(river_path)
-    assert m.n_layer == L
     m.eval(PROMPT)
     for s, want_e in zip(settings, expect_exit):
         tok = int(np.argmax(m.scores[m.n_tokens - 1]))

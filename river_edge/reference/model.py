@@ -15,11 +15,12 @@ from gguf import GGMLQuantizationType
 
 from river_edge import format as F
 from river_edge.format import RiverError
-from . import llama, qwen2, qwen3
+from . import gemma3, llama, mistral3, qwen2, qwen3
 from .ggml_numerics import round_f16
 from .weights import Args, read_gguf
 
-BLOCKS = {"llama": llama.Block, "qwen2": qwen2.Block, "qwen3": qwen3.Block}
+BLOCKS = {"llama": llama.Block, "qwen2": qwen2.Block, "qwen3": qwen3.Block, "gemma3": gemma3.Block,
+          "mistral3": mistral3.Block}
 
 
 @dataclass
@@ -101,6 +102,8 @@ class RiverModel:
 
     def _attend(self, il: int, seqs: list[tuple[Cache, int, int]]):
         """attend(q, k, v) for layer il over a batch of sequences: (cache, first row, n tokens) each."""
+        blk = self.backbone[il]   # the river layer attends as its backbone layer does
+
         def attend(q, k, v):
             a, out = self.args, []
             if self.emulate:  # f16 cache; ggml's KQ and KQV matmuls take f16 activations
@@ -111,9 +114,10 @@ class RiverModel:
                 cache.k[il, p0:p0 + n], cache.v[il, p0:p0 + n] = k[r0:r0 + n], v[r0:r0 + n]
                 K, V = cache.k[il, :p0 + n], cache.v[il, :p0 + n]          # [S, Hkv, D]
                 qg = q[r0:r0 + n].view(n, a.n_head_kv, rep, a.head_dim)  # head h reads kv head h // rep
-                s = torch.einsum("tgrd,sgd->grts", qg, K) / a.head_dim ** 0.5
-                causal = torch.arange(p0 + n)[None, :] > (p0 + torch.arange(n))[:, None]
-                pr = torch.softmax(s.masked_fill(causal, float("-inf")), -1)
+                s = torch.einsum("tgrd,sgd->grts", qg, K) * blk.kq_scale
+                back = (p0 + torch.arange(n))[:, None] - torch.arange(p0 + n)[None, :]   # query pos - key pos
+                masked = (back < 0) | (back >= blk.window) if blk.window else back < 0
+                pr = torch.softmax(s.masked_fill(masked, float("-inf")), -1)
                 if self.emulate:
                     pr = round_f16(pr)
                 out.append(torch.einsum("grts,sgd->tgrd", pr, V).reshape(n, a.n_head, a.head_dim))
@@ -139,7 +143,7 @@ class RiverModel:
         tokens = torch.tensor([t for toks, _ in batch for t in toks], dtype=torch.long)
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.args.n_vocab):
             raise RiverError(f"token id out of range 0..{self.args.n_vocab - 1}")
-        pos, h = torch.cat(pos), self.tok_embd[tokens]
+        pos, h = torch.cat(pos), self.backbone[0].embed(self.args, self.tok_embd[tokens])
         groups = [[i] for i in range(len(seqs))] if per_sequence else [list(range(len(seqs)))]
         if forced is None:
             exits, decided = [L - 1] * len(groups), [False] * len(groups)
@@ -179,6 +183,8 @@ class RiverModel:
         if self.river_head is not None and policy.river and policy.head and -1 in exits:
             rr = [r for j, grp in enumerate(groups) if exits[j] == -1 for i in grp for r in range(seqs[i][1], seqs[i][1] + seqs[i][2])]
             logits[rr] = self.river_head(hn[rr])
+        if self.args.softcap:
+            logits = torch.tanh(logits / self.args.softcap) * self.args.softcap
         for cache, _, n in seqs:
             cache.n += n
         exit_of = [exits[j] for j, grp in enumerate(groups) for _ in grp]

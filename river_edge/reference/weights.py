@@ -28,6 +28,14 @@ class Args:
     eps: float
     thresholds: list[float] = field(default_factory=list)
     min_exit_layer: int = F.DEFAULT_MIN_EXIT_LAYER
+    # optional hyper-parameters, with llama.cpp's defaults where the GGUF has no key
+    rope_freqs: torch.Tensor | None = None  # Llama 3's per-dimension RoPE frequency divisors (rope_freqs.weight)
+    n_swa: int = 0                          # sliding window in tokens (0: none)
+    swa_pattern: int | list[bool] | None = None  # which layers slide: every layer but each n-th, or one flag each
+    rope_base_swa: float = 10000.0
+    softcap: float = 0.0                    # final logit soft-capping
+    temp_scale: float = 0.0                 # Llama 4 attention temperature (Ministral 3)
+    n_ctx_orig: int = 0
 
 
 @dataclass
@@ -69,5 +77,10 @@ def read_gguf(path: str | Path) -> tuple[Args, dict[str, Weight]]:
         eps=float(k("attention.layer_norm_rms_epsilon")),
         thresholds=[float(x) for x in _field(reader, F.KEY_THRESHOLDS, [float("inf")] * n_layer)],
         min_exit_layer=int(_field(reader, F.KEY_MIN_EXIT, F.DEFAULT_MIN_EXIT_LAYER)),
+        rope_freqs=tensors["rope_freqs.weight"].w if "rope_freqs.weight" in tensors else None,
+        n_swa=int(k("attention.sliding_window", 0)), swa_pattern=k("attention.sliding_window_pattern"),
+        rope_base_swa=float(k("rope.freq_base_swa", 10000.0)), softcap=float(k("final_logit_softcapping", 0.0)),
+        temp_scale=float(k("attention.temperature_scale", 0.0)),
+        n_ctx_orig=int(k("rope.scaling.original_context_length", k("context_length", 0))),
     )
     return args, tensors

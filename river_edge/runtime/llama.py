@@ -20,7 +20,7 @@ from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
 from river_edge.runtime.capi import _lib, batch_departing, model_params, tensor_buft
 from river_edge.runtime.context import RiverContext, exit_histogram_of
-from river_edge.runtime.inputs import check_grammar, check_tokens
+from river_edge.runtime.inputs import check_grammar, check_tokens, token_cap
 
 
 def _has_river_tensors(path: Path) -> bool:
@@ -74,6 +74,10 @@ class RiverLlama(llama_cpp.Llama):
         self._extra_bufts, self._rpc_servers = bool(extra_bufts), kwargs.get("rpc_servers")
         self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
+        # A sliding-window layer's cache (Gemma 3) otherwise keeps only the window: cells that a rejected draft,
+        # or a prompt-cache cut, pushed out of it would be gone when the cache is cut back (llama.cpp's own
+        # speculative decoding needs the same). No effect on a model without sliding-window layers.
+        kwargs.setdefault("swa_full", True)
         from river_edge.tokenizer import quiet_llama_logs
 
         with quiet_llama_logs() if not kwargs["verbose"] else contextlib.nullcontext([]) as log:
@@ -85,6 +89,9 @@ class RiverLlama(llama_cpp.Llama):
                 raise RiverError(f"{path}: llama.cpp cannot load it ({why[0].strip()})") from None
             except TemplateError as e:   # llama-cpp-python compiles the GGUF's chat template when it loads
                 raise RiverError(f"{path}: its chat template (tokenizer.chat_template) does not parse: {e}") from None
+        if kwargs.get("chat_format") is None and "tokenizer.chat_template" not in self.metadata \
+                and self.metadata.get("general.architecture") == "gemma3":   # (the 270M's GGUF has no template)
+            self.chat_format = "gemma"   # Gemma's turns, not llama-cpp-python's fallback (llama-2's [INST])
         if len(self.input_ids) < self._n_ctx:
             # llama.cpp rounds n_ctx up (to a multiple of 256) and decodes that far; llama-cpp-python sized its
             # token and logit arrays by the request, so the last positions had nowhere to go
@@ -205,6 +212,10 @@ class RiverLlama(llama_cpp.Llama):
             check_grammar(self, kw["grammar"]._grammar)
         self._sync_cache()
         return self._spec.generate(tokens, super().generate, kw)
+
+    def _create_completion(self, *args, **kw):
+        kw["stopping_criteria"] = token_cap(kw.get("max_tokens", 16), kw.get("stopping_criteria"))
+        return super()._create_completion(*args, **kw)
 
     def end_streams(self) -> None:
         """Close the streams callers left open, now rather than whenever the garbage collector gets to them (a late
