@@ -39,3 +39,13 @@ def grammar_error(llm, text: str) -> str | None:
 def check_grammar(llm, text: str) -> None:
     if (why := grammar_error(llm, text)) is not None:
         raise RiverError(why)
+
+
+def token_cap(max_tokens, criteria):
+    """Stopping criteria that also end a completion past max_tokens (and three tokens to finish a character):
+    llama-cpp-python holds back a token that starts a multi-byte character and skips its max_tokens check while it
+    does, so a model writing such bytes without end (random ones do) ran on to the end of the context."""
+    if max_tokens is None or max_tokens <= 0:
+        return criteria
+    count = iter(range(max_tokens + 3))
+    return llama_cpp.StoppingCriteriaList([*(criteria or []), lambda ids, logits: next(count, None) is None])
