@@ -98,7 +98,7 @@ def report_calibration(summary: dict, out: Path) -> None:
                  "river build model.gguf -o model.river.gguf --backbone q8_0 --river q5_0 --min-agreement 0.9")
 def build(
     model: Annotated[str, typer.Argument(metavar="MODEL", show_default=False,
-                                         help="Base GGUF (llama or qwen2), or a model name from `river models`.")],
+                                         help="Base GGUF (an architecture `river doctor` lists), or a model name from `river models`.")],
     # str, not Path: Path("new/") drops the separator, and check_output refuses it
     output: Annotated[str, typer.Option("--output", "-o", metavar="PATH", help="The river GGUF to write.",
                                         show_default=False)],

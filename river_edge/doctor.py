@@ -7,6 +7,7 @@ import io
 import os
 from pathlib import Path
 
+from river_edge.format import ARCHITECTURES
 from river_edge.measure import host as H
 
 
@@ -24,6 +25,7 @@ def report(model: Path | None = None, threads: int | None = None) -> str:
         f"runtime     {runtime}",
         f"cpu         {c['model']}, {c['cpus']} cpus; ISA {' '.join(c['isa']) or '?'}",
         f"load        {' '.join(map(str, h['loadavg_1_5_15']))} (1, 5, 15 min)",
+        f"rivers for  {', '.join(ARCHITECTURES)} (general.architecture; any other is refused)",
     ]
     if rt["llama_cpp_python"] is not None:
         chosen = ("chosen by GGML_CPU_VARIANT" if os.environ.get("GGML_CPU_VARIANT")

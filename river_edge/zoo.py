@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from river_edge.format import RiverError
+from river_edge.format import ARCHITECTURES, RiverError
 
 Progress = Optional[Callable[[str], None]]
 
@@ -38,7 +38,10 @@ class ModelSpec:
     parts: tuple[Part, ...]  # concatenated in this order
     sha256: str  # of the assembled GGUF
     size: int  # bytes of the assembled GGUF
-    supported: bool = True  # whether river-edge can build a river for this architecture
+    @property
+    def supported(self) -> bool:
+        """Whether river-edge can build a river for its architecture."""
+        return self.architecture in ARCHITECTURES
 
     @property
     def filename(self) -> str:
@@ -87,7 +90,7 @@ MODELS: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             "gemma3-270m",
-            "Gemma-3-270M, Q4_K_M (unsupported: river-edge has no gemma3 river)",
+            "Gemma-3-270M, Q4_K_M",
             "gemma3", 18,
             tuple(
                 Part(f"{_GEMMA}-part{i}", "1.0.0",
@@ -96,7 +99,6 @@ MODELS: dict[str, ModelSpec] = {
             ),
             "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             253_113_024,
-            supported=False,
         ),
     )
 }
