@@ -194,7 +194,9 @@ def sliding(ref):
 
 def assert_cache_matches(ctx, cache, positions, swa=None):
     """K and V of the given positions, every layer: llama.cpp's (f16) vs the reference's (f16-rounded),
-    within 1e-2 of the row's norm."""
+    within 1e-2 of the row's norm for rows of 32 or more. A Q8 rounding that flips on summation noise moves a row by
+    about one weight column times a quantization step, more of a narrow row's norm: sqrt(32 / width) x looser
+    there (gemma3's one KV head of 16: 1.2e-2 seen under ggml's alderlake variant)."""
     P = list(positions)
     for il, (pos, K, V) in enumerate(kv_cells(ctx, swa)):
         at = {p: i for i, p in enumerate(pos.tolist())}
@@ -205,7 +207,7 @@ def assert_cache_matches(ctx, cache, positions, swa=None):
         for got, want in ((K[idx], cache.k[il, here]), (V[idx], cache.v[il, here])):
             want = want.reshape(len(here), -1).numpy()
             err = np.abs(got - want).max(-1) / np.linalg.norm(want, axis=-1)  # [position]
-            assert err.max() < 1e-2, (il, err)
+            assert err.max() < 1e-2 * max(1.0, (32 / want.shape[-1]) ** 0.5), (il, err)
 
 
 def load_cache(cache, ctx, swa=None):
