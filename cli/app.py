@@ -206,8 +206,8 @@ def model_path(model: Optional[str], bars) -> Path:
     return path
 
 
-Mode = Enum("Mode", {m: m for m in ("exact", "gated", "river", "fast", "backbone")}, type=str)  # spec.MODES
-Decide = Enum("Decide", {d: d for d in ("sync", "lagged")}, type=str)  # format.DECISIONS
+Mode = Enum("Mode", {m: m for m in F.MODES}, type=str)
+Decide = Enum("Decide", {d: d for d in F.DECISIONS}, type=str)
 ModelArg = Annotated[Optional[str], typer.Argument(
     metavar="MODEL", show_default=False,
     help="A GGUF (river or plain), or a model name from `river models`: its river GGUF, built and calibrated "

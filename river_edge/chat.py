@@ -47,7 +47,6 @@ def load(model: str | Path, *, tau: float | None = None, river: bool = True, thr
     return llm
 
 
-SPEC_MODES = ("exact", "gated")  # modes that own the decoding loop (river_edge/runtime/spec.py)
 
 
 def river_active(llm) -> bool:
@@ -68,7 +67,7 @@ class Meter:
         self.llm = llm
         self.n_layer = int(getattr(llm, "n_layer", 0))
         self.river = river_active(llm)
-        self.passive = getattr(llm, "mode", None) in SPEC_MODES
+        self.passive = getattr(llm, "mode", None) in F.LOOP_MODES
         self.times: list[float] = []
         self.exits: list[int] = []  # -1..n_layer-1; n_layer-1 when the backbone ran whole
         if self.passive:
@@ -297,7 +296,7 @@ class Chat:
         mode = getattr(self.llm, "mode", None)
         if not river_active(self.llm):
             return "river off"
-        return f"{mode} mode" if mode in SPEC_MODES else "river on"
+        return f"{mode} mode" if mode in F.LOOP_MODES else "river on"
 
     def run(self, inp: Iterable[str] | TextIO, interactive: bool = False, err: TextIO | None = None) -> int:
         """The loop: one line per user turn; /reset, /stats, /quit; EOF or Ctrl-C ends it (returns 0).

@@ -115,6 +115,10 @@ def check_forced_exit(v, n_layer: int) -> int | None:
     return None if v is None else _layer(v, "forced exit layer", -1, n_layer - 1)
 
 
+# The decoding modes (RiverLlama(mode=...), `river chat/serve --mode`, the benchmarks' configurations); the first
+# two own the decoding loop (runtime/spec.py), the others are one llama.cpp decode per token with the river set so
+MODES = ("exact", "gated", "river", "fast", "backbone")
+LOOP_MODES = ("exact", "gated")
 DECISIONS = ("sync", "lagged")   # how the rule reads the scores: per layer as it runs, or the previous step's
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from .format import RiverError
 from .ports import listen
 from river_edge.runtime.inputs import check_tokens, grammar_error
-from river_edge.runtime.spec import MODES
+from river_edge.format import MODES
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
 COPILOT = "copilot-codex"   # the model name the app passes for its Copilot route: the server's default mode

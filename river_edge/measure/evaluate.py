@@ -37,7 +37,7 @@ from river_edge.measure.tasks import (DATA_FILES, MAX_TOKENS, PROMPT_VERSION, TA
 Progress = Callable[[str, int, int], None]
 
 
-MODES = ("exact", "gated", "fast")  # river_edge.runtime.spec modes run as configurations of their own
+MODES = tuple(m for m in F.MODES if m not in ("river", "backbone"))  # modes run as configurations of their own
 MAX_TIMEOUT = 3600.0   # HumanEval seconds per program: the sandbox's CPU limit and subprocess's wait take it
 
 

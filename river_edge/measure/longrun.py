@@ -27,7 +27,7 @@ from river_edge.format import RiverError
 from river_edge.measure.host import host
 
 Progress = Callable[[str, int, int], None]
-STEP_MODES = ("backbone", "river", "fast")  # exact/gated pick their own tokens: not teacher-forceable
+STEP_MODES = tuple(m for m in F.MODES if m not in F.LOOP_MODES)  # the loop modes pick their own tokens: not teacher-forceable
 REF_BUDGET = 1 << 30  # bytes of stored backbone log-probs kept in float32; above it float16 (see _Ref)
 
 

@@ -32,7 +32,7 @@ from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
 from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.progress import no_progress
-from river_edge.runtime.spec import MODES
+from river_edge.format import MODES
 
 SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
 SYNC = ("sync",)   # the rule checking every layer and never exiting: the cost of the exit decisions

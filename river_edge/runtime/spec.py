@@ -77,10 +77,9 @@ from river_edge import format as F
 from river_edge.runtime.costs import CostModel, cached, probe
 from river_edge.runtime.drafters import FREE, Ngram, NgramCache, resolve
 from river_edge.runtime.gated import gated
-from river_edge.format import RiverError
+from river_edge.format import MODES, RiverError
 from river_edge.runtime.sampling import Transform, agree, margin, processed_probs, scores, top1_prob
 
-MODES = ("exact", "gated", "river", "fast", "backbone")
 DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
 KMAX = 8
 PROBE_IDLE = 128          # tokens between probes where no acceptance could make drafting pay
@@ -288,7 +287,7 @@ class Spec:
 
     def generate(self, tokens, base_generate, kw: dict):
         mode = self._mode
-        if mode not in ("exact", "gated") or not len(tokens):
+        if mode not in F.LOOP_MODES or not len(tokens):
             return self._timed(lambda me: base_generate(tokens, **kw))
         # exact: what the loop cannot sample exactly; gated: it never fills the logits of every position
         why = self.unsupported(kw) if mode == "exact" else ("logits_all (logprobs)" if self.llm._logits_all else None)
@@ -314,7 +313,7 @@ class Spec:
 
     def _claim(self) -> int:
         self._epoch += 1
-        if self._mode in ("exact", "gated"):   # what an abandoned stream of theirs may have left: a river exit
+        if self._mode in F.LOOP_MODES:   # what an abandoned stream of theirs may have left: a river exit
             self._force(self.llm.n_layer - 1)
         if self._threads_on:                    # and the batch threads
             self._decode_threads(False)
