@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from river_edge.gguf_tools.writer import write_text
-from river_edge.measure.records import PLAIN, QWEN, QWEN15, SMOL
+from river_edge.measure.records import GEMMA, PLAIN, QWEN, QWEN15, SMOL
 from river_edge.measure.report import EVAL_CONFIGS, FULL, report
 
 HERE = Path(__file__).resolve().parent
@@ -35,6 +35,8 @@ MODES_15 = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,exact:draft,ba
 # the bits of a one-token decode on CPU, so batches are exact over quantized weights too (docs/design.md, section 4)
 # (the backbone row is those weights decoded one token at a time)
 MODES_QUANT = "exact,backbone,shipped"
+# Gemma 3 270M: exact mode, the paper's rule and the lagged rule against the files a user would run instead
+MODES_GEMMA = "exact,exact:river+ngram,river,river:lagged,backbone," + PLAIN
 LONG_PROMPT = "Write a detailed, well-structured essay on the history of computing, from the abacus to modern GPUs."
 BATCH_PROMPTS = ["Explain how a bicycle works, step by step.", "Write a Python function that merges two sorted lists.",
                  "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -134,6 +136,8 @@ STEPS = {
     **{f"upcast_{m}": (step_upcast, dict(model=m)) for m in (SMOL, QWEN, QWEN15)},
     f"modes_{SMOL}": (step_modes, dict(model=SMOL, max_rounds=6)),
     f"modes_{QWEN}": (step_modes, dict(model=QWEN, max_rounds=4)),
+    f"calibration_{GEMMA}": (step_calibration, dict(model=GEMMA)),
+    f"modes_{GEMMA}": (step_modes, dict(model=GEMMA, modes=MODES_GEMMA, max_rounds=4)),
     # the 1.5B's rounds capped: about 5 minutes each on 2 cores
     f"modes_{QWEN15}": (step_modes, dict(model=QWEN15, modes=MODES_15, backbone="f16", max_rounds=5)),
     f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=MODES_QUANT, backbone="keep", max_rounds=4,

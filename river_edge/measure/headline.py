@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .records import PLAIN, QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts
+from .records import GEMMA, PLAIN, QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts
 
 
 def paired_ratio(m: dict, c: str, ref: str) -> float | None:
@@ -18,7 +18,7 @@ def paired_ratio(m: dict, c: str, ref: str) -> float | None:
 
 # (JSON key, label, name of its backbone row)
 F16 = "backbone (F16 upcast)"
-HEADLINE_MODELS = ((SMOL, SMOL, F16), (QWEN, QWEN, F16), (f"{QWEN}-q8_0", f"{QWEN}, Q8_0 + river", "backbone (Q8_0)"),
+HEADLINE_MODELS = ((SMOL, SMOL, F16), (GEMMA, GEMMA, F16), (QWEN, QWEN, F16), (f"{QWEN}-q8_0", f"{QWEN}, Q8_0 + river", "backbone (Q8_0)"),
                    (QWEN15, QWEN15, F16), (f"{QWEN15}-q8_0", f"{QWEN15}, Q8_0 + river", "backbone (Q8_0)"),
                    (f"{QWEN15}-keep", f"{QWEN15}, shipped weights + river", "backbone (the shipped weights)"))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from river_edge.format import RiverError
 
-SMOL, QWEN, QWEN15 = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+SMOL, QWEN, QWEN15, GEMMA = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m"
 PLAIN = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
 
 
