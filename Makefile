@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.river-edge-deps
 
-.PHONY: setup runtime build-cuda build-vulkan test test-all test-vulkan test-rpc demo results clean
+.PHONY: setup runtime build-cuda build-vulkan test test-all test-vulkan test-rpc test-arm demo results clean
 
 setup: runtime $(STAMP)
 
@@ -52,6 +52,14 @@ test-vulkan: build-vulkan
 # layers, and half of them with the rest on the local CPU)
 test-rpc: setup
 	RIVER_TEST_DEVICE=rpc $(PY) -m pytest -q tests/test_device.py
+
+# ARM (aarch64) under emulation: the runtime cross-compiled with ggml's ARM CPU variants (patches/cross.py: clang-19
+# over Debian's aarch64 cross toolchain; cached by the series' hash), then its self-comparing invariants and its
+# logits against this host's, in Debian's arm64 Python 3.11 under qemu-user as four CPUs (armv8.0, dotprod,
+# SVE+i8mm, everything), each CPU's record in bench/results/arm (tests/arm/run.py). As root, the Debian side
+# (packages, the arm64 architecture, bookworm-backports for a qemu that knows neoverse-v1) sets itself up.
+test-arm: setup
+	$(PY) tests/arm/run.py
 
 $(STAMP): pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e '.[test]'

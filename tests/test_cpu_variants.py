@@ -32,7 +32,11 @@ REDUCED = {"sse42": "river_off or mixed_exits or all_river or exact_is or same_b
            "sandybridge": "river_off or mixed_exits or all_river or exact_is or same_bits"}
 # what ggml's feature line must show for a variant (the ISA it was built for)
 FEATURES = {"x64": [], "haswell": ["AVX2 = 1"], "skylakex": ["AVX512 = 1"], "icelake": ["AVX512_VNNI = 1"],
-            "alderlake": ["AVX_VNNI = 1"], "sapphirerapids": ["AMX_INT8 = 1"], "zen4": ["AVX512_BF16 = 1"]}
+            "alderlake": ["AVX_VNNI = 1"], "sapphirerapids": ["AMX_INT8 = 1"], "zen4": ["AVX512_BF16 = 1"],
+            # ARM (ggml prints no SVE2): dotprod, FP16 arithmetic, SVE, i8mm, SME
+            "armv8.2_1": ["DOTPROD = 1"], "armv8.2_2": ["FP16_VA = 1"], "armv8.2_3": ["SVE = 1"],
+            "armv8.6_1": ["MATMUL_INT8 = 1"], "armv8.6_2": ["MATMUL_INT8 = 1"], "armv9.2_1": ["SME = 1"],
+            "armv9.2_2": ["SME = 1"]}
 
 
 def _score(variant: str) -> int:
