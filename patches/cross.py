@@ -97,7 +97,9 @@ def build(python: str = sys.executable, extra: list[str] = (), force: bool = Fal
         (work / "patched").touch()
     B.run(["cmake", "-S", str(root), "-B", str(work / "cmake"), f"-DCMAKE_TOOLCHAIN_FILE={work / 'aarch64.cmake'}",
            f"-DSKBUILD_PLATLIB_DIR={work / 'platlib'}", *flags(extra)])
-    B.run(["cmake", "--build", str(work / "cmake"), "--parallel", str(os.cpu_count() or 2)])
+    # not a sub-make of `make test-arm`: that prints every directory the build enters
+    quiet = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    B.run(["cmake", "--build", str(work / "cmake"), "--parallel", str(os.cpu_count() or 2)], env=quiet)
     B.run(["cmake", "--install", str(work / "cmake")])   # also into the tree's llama_cpp/lib
     # llama-cpp-python is pure Python over ctypes: its package from the patched tree, the libraries in it
     tmp = dest.with_name(dest.name + ".tmp")
