@@ -5,6 +5,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from river_edge import format as F
+
 from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, in_cache, model_path, rule
 from .progress import Bars
 
@@ -26,7 +28,7 @@ def _origins(values):
 def serve(
     model: ModelArg = None,
     mode: Annotated[Optional[Mode], typer.Option(
-        "--mode", case_sensitive=False, show_default="exact (backbone for a GGUF without a river)",
+        "--mode", case_sensitive=False, show_default=f"{F.DEFAULT_MODE['serve']} (backbone for a GGUF without a river)",
         help="Mode of requests whose model names none; a request picks one with model NAME:MODE.")] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,

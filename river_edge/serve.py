@@ -16,6 +16,7 @@ from pathlib import Path
 from .format import RiverError
 from .ports import listen
 from river_edge.runtime.inputs import check_tokens, grammar_error
+from river_edge import format as F
 from river_edge.format import MODES
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
@@ -299,7 +300,7 @@ def create_app(model: Path, *, name: str | None = None, mode: str | None = None,
     server_app, ModelSettings, ServerSettings = _deps()
     name = check_name(name if name is not None else Path(model).name.removesuffix(".gguf"))
     llm = RiverLlama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, **river_kw)
-    mode = mode or ("exact" if llm.has_river else "backbone")
+    mode = mode or F.default_mode(llm.has_river, "serve")
     llm.mode = mode   # a mode the file cannot run fails here, as in chat: "needs a river GGUF"
     proxy = RiverProxy(llm, name, mode)
     proxy.resolve(f"{name}:{mode}")   # a bad default mode fails here, not at the first request

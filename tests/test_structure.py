@@ -100,3 +100,26 @@ def test_measurement_imports_no_matplotlib():
     code = ("import sys, river_edge.measure.modes, river_edge.measure.bench, river_edge.measure.plots; "
             "sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_one_home_for_the_mode_vocabulary():
+    """The modes and each front end's default live in format.py; a literal of three or more modes and nothing
+    else, or a mode string as a fallback default (`mode or "exact"`), anywhere else is a second home. (A
+    benchmark's list of configurations mixes modes with files and variants: a selection, not the vocabulary.)"""
+    from river_edge.format import DEFAULT_MODE, MODES
+
+    bad = []
+    for name, f in modules().items():
+        if name == "river_edge.format":
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                named = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if len(named) >= 3 and len(named) == len(node.elts) and named <= set(MODES):
+                    bad.append(f"{name}:{node.lineno} lists {sorted(named)}")
+            if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+                last = node.values[-1]
+                if isinstance(last, ast.Constant) and last.value in MODES:
+                    bad.append(f"{name}:{node.lineno} defaults to {last.value!r}")
+    assert bad == []
+    assert set(DEFAULT_MODE.values()) <= set(MODES)

@@ -137,7 +137,7 @@ class RiverLlama(llama_cpp.Llama):
         if not self.has_river or not self.river_enabled:
             return ("backbone", self.batch_invariant)
         mode = self._spec.mode
-        if mode in ("exact", "backbone"):
+        if mode in F.LOSSLESS_MODES:
             return ("backbone", self.batch_invariant)
         if mode == "gated":
             return ("gated", self._spec.gate, self.river_head)
@@ -175,7 +175,7 @@ class RiverLlama(llama_cpp.Llama):
 
     def _set_invariance(self) -> None:
         if self._river:
-            on = self._invariant if self._invariant is not None else self._spec.mode in ("exact", "backbone")
+            on = self._invariant if self._invariant is not None else self._spec.mode in F.LOSSLESS_MODES
             self._river.llama_set_batch_invariant(self._ctx.ctx, on)
 
     # -- decoding modes: exact, gated, river, fast, backbone (river_edge/runtime/spec.py) ---------------

@@ -130,7 +130,7 @@ class Spec:
         # weakly: llm._spec -> Spec -> llm would keep the weights and KV cache alive until a full gc pass
         self._llm = weakref.ref(llm)
         self.kmax = int(kmax)
-        self._mode = "river" if llm.has_river else "backbone"
+        self._mode = F.default_mode(llm.has_river)
         self.gate = F.check_gate(gate) if gate is not None else self.stored_gate()
         self.st = Stats(mode=self._mode)
         self._acc: dict[str, list[float]] = {}   # per drafter: decayed accepted / rejected counts
@@ -167,9 +167,9 @@ class Spec:
         llm = self.llm
         if m != "backbone" and not llm.has_river:
             raise RiverError(f"mode {m!r} needs a river GGUF; {llm.model_path} has no river tensors")
-        if llm.has_river:
-            llm.river_enabled = True
-            llm.forced_exit = {"river": None, "fast": -1}.get(m, llm.n_layer - 1)
+        if llm.has_river:   # the river's settings without a cache check each: one below, under the new mode
+            llm._river.llama_river_set_enabled(llm._ctx.ctx, True)
+            llm.force_exit({"river": None, "fast": -1}.get(m, llm.n_layer - 1))
         self._mode = m
         self.st = Stats(mode=m)
         llm._sync_cache()   # e.g. river K/V left by fast mode must not feed exact mode
