@@ -130,16 +130,6 @@ def existing(name: str) -> str:
     return name
 
 
-def same_path(a: Path, b: Path) -> bool:
-    a, b = Path(a).expanduser(), Path(b).expanduser()
-    try:
-        if a.exists() and b.exists() and os.path.samefile(a, b):
-            return True
-    except OSError:
-        pass
-    return a.resolve() == b.resolve()
-
-
 def jsonable(x):
     """JSON without Infinity/NaN tokens (thresholds are +inf until calibrated): those become strings."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -221,12 +211,10 @@ def base_for(model: str, output: Path, bars) -> Path:
     """The base GGUF of MODEL (a path, or a zoo name prepared on first use); never the output's own file, and an
     output a write may replace (writer.check_output)."""
     from river_edge.defaults import resolve_base
-    from river_edge.gguf_tools.writer import check_output
+    from river_edge.gguf_tools.writer import check_not_input, check_output
 
-    if same_path(Path(model), output):   # before anything is downloaded
-        fail(f"{output}: the output would overwrite the input; choose another path")
+    check_not_input(model, output)   # before anything is downloaded
     check_output(output)
     src = resolve_base(model, bars)
-    if same_path(src, output):
-        fail(f"{output}: the output would overwrite the input; choose another path")
+    check_not_input(src, output)
     return src

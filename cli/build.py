@@ -10,7 +10,7 @@ import typer
 from river_edge import format as F
 from river_edge.calibration.target import MAX_PROMPTS, MAX_TOKENS
 
-from .app import CacheDir, base_for, command, fail, finite, in_cache, same_path
+from .app import CacheDir, base_for, command, finite, in_cache
 from .progress import Bars
 
 
@@ -176,11 +176,11 @@ def calibrate(
     target = target_of(max_kl, min_agreement, max_depth)
     settings = settings_of(prompts, n_prompts, decode_tokens, online_tokens, rule)
     out = output if output is not None else river_gguf.with_name(f"{river_gguf.stem}.calibrated.gguf")
-    if same_path(river_gguf, out):
-        fail(f"{out}: calibration never overwrites its input; choose another output")
     from river_edge.calibration.report import calibrate_file
     from river_edge.gguf_tools.inspect import check
-    from river_edge.gguf_tools.writer import check_output
+    from river_edge.gguf_tools.writer import check_not_input, check_output
+
+    check_not_input(river_gguf, out)
 
     check(river_gguf, require_river=True)  # before loading torch and the model
     check_output(out)

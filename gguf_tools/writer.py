@@ -213,9 +213,26 @@ def check_output(dst: str | Path) -> Path:
     return dst
 
 
-def check_dst(src: Path, dst: Path, same_ok: bool) -> None:
-    if not same_ok and src.exists() and dst.exists() and os.path.samefile(src, dst):  # symlinks, hard links too
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: one inode (symlinks, hard links) or, where one is missing, one resolved path."""
+    a, b = Path(a).expanduser(), Path(b).expanduser()
+    try:
+        if a.exists() and b.exists() and os.path.samefile(a, b):
+            return True
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def check_not_input(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Every writer's first check: nothing river-edge writes replaces the file it reads."""
+    if same_file(src, dst):
         raise RiverError(f"{dst}: the output would overwrite the input; choose another path")
+
+
+def check_dst(src: Path, dst: Path, same_ok: bool) -> None:
+    if not same_ok:
+        check_not_input(src, dst)
     check_output(dst)
 
 

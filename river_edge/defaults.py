@@ -30,15 +30,6 @@ DEFAULT_BACKBONE = "f16"
 DEFAULT_RIVER = "q4_0"
 
 
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether two paths name one file (symlinks and hard links included; a missing path never does)."""
-    a, b = Path(a), Path(b)
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def resolve_base(name_or_path: str | os.PathLike, progress: Progress | None = None) -> Path:
     """zoo.resolve, but a zoo model river-edge cannot build a river for fails before it is downloaded."""
     name = str(name_or_path)
@@ -63,12 +54,11 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     DST.calibration.json and DST.calibration.png beside it (all three or none). `src` is never modified.
     """
     from .gguf_tools.build import build_river
-    from .gguf_tools.writer import temp_beside
+    from .gguf_tools.writer import check_not_input, temp_beside
 
     src, dst = Path(src), Path(dst)
     say = progress or no_progress
-    if same_file(src, dst) or src.expanduser().resolve() == dst.expanduser().resolve():
-        raise RiverError(f"{dst}: the output would overwrite the input; choose another path")
+    check_not_input(src, dst)
     if dst.is_dir():
         raise RiverError(f"{dst}: is a folder; give the output file's name")
     if not dst.parent.is_dir():

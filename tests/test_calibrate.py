@@ -142,7 +142,7 @@ def test_bad_targets_and_inputs(tiny_llama, tmp_path):
         T.Target("kl", float("nan"))
     with pytest.raises(RiverError, match="out of range"):
         T.Target("agreement", 1.5)
-    with pytest.raises(RiverError, match="never overwrites"):
+    with pytest.raises(RiverError, match="would overwrite the input"):
         REP.calibrate_file(tiny_llama, tiny_llama, T.Target("kl", 0.1))
     base = plain(tiny_llama, tmp_path / "base.gguf", "backbone")
     with pytest.raises(RiverError, match="river"):

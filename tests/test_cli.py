@@ -188,7 +188,7 @@ def test_calibrate_with_plain_text_prompts_and_depth_target(runner, tiny_llama, 
 
 
 def test_calibrate_refuses_in_place_and_base_models(runner, tiny_llama, tiny_llama_base, tmp_path):
-    one_error_line(run(runner, "calibrate", tiny_llama, "-o", tiny_llama, code=1), "never overwrites")
+    one_error_line(run(runner, "calibrate", tiny_llama, "-o", tiny_llama, code=1), "would overwrite the input")
     one_error_line(run(runner, "calibrate", tiny_llama_base, "-o", tmp_path / "x.gguf", code=1), "no river tensors")
     assert not (tmp_path / "x.gguf").exists()
 

@@ -88,13 +88,12 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     the plot (default: src's file name; a build through a temporary file passes the final name). `prompts`:
     prompt_tokens(), when the caller checked them and the target (check_target) already. The three files appear together or not at all."""
     from ..gguf_tools.build import set_river_keys
-    from ..gguf_tools.writer import replacing_together
+    from ..gguf_tools.writer import check_not_input, replacing_together
     from ..gguf_tools.inspect import check
     from river_edge.measure import plots
 
     src, dst = Path(src), Path(dst)
-    if dst.exists() and dst.resolve() == src.resolve():
-        raise RiverError(f"{dst}: calibration never overwrites its input; choose another output")
+    check_not_input(src, dst)
     check(src, require_river=True)
     if prompts is None:   # else the caller checked them and the target (defaults.build_calibrated_river)
         check_target(src, target)

@@ -177,7 +177,7 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         results: str | Path | None = None, fresh: bool = False, timeout: float = 10.0, n_ctx: int = 2048,
         progress: Progress | None = None) -> dict:
     """Evaluate `model` on `task`; returns summarize()'s dict (also the JSON `river eval` writes)."""
-    from river_edge.gguf_tools.writer import check_output
+    from river_edge.gguf_tools.writer import check_output, same_file
     from river_edge.measure.host import host
     from river_edge.runtime.llama import _has_river_tensors
 
@@ -207,7 +207,7 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
     inputs = {"the model being evaluated": model, "the humaneval data": _humaneval_file(), **_data_files(data)}
     for p in (results, summary_path(results)):
         for what, q in inputs.items():
-            if q is not None and p.exists() and os.path.samefile(p, q):
+            if q is not None and p.exists() and same_file(p, q):
                 raise RiverError(f"{p}: that is {what}; choose another --results")
         if p.is_file() and _is_gguf(p):   # a model, or a plain file the run itself loads
             raise RiverError(f"{p}: that is a GGUF model file; choose another --results")
