@@ -1,4 +1,4 @@
-"""Levers for exact mode, priced on this host before building them (river_edge/measure/levers.py):
+"""Levers for exact mode, priced on this host before building them (bench/replay.py):
 
   draft length   exact mode drafting kmax every cycle logs each draft's top-1 probability and the backbone's
                  verdict; replayed under fixed k, each request's own best k, "stop after a draft below confidence
@@ -20,10 +20,10 @@ import json
 import sys
 from pathlib import Path
 
-from river_edge.measure import levers as LV
+import replay as LV   # bench/replay.py
 from river_edge.measure.bench import DEFAULT_THREADS
 from river_edge.measure.files import packaged_prompts
-from river_edge.measure.host import host
+from river_edge.host import host
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,7 +49,7 @@ def draft_log(path: Path, prompts: list[str], tokens: int, threads: int) -> tupl
         llm.create_chat_completion([{"role": "user", "content": t}], max_tokens=tokens, temperature=0.0)
         seqs.append([int(x) for x in llm.input_ids[:llm.n_tokens]])
         logs.append(sp.draft_log)
-    from river_edge.measure.host import placement
+    from river_edge.host import placement
     cm = {**sp.stats()["cost_model"], "buffer_types": placement(llm)}
     del llm
     return logs, cm, seqs
@@ -88,7 +88,7 @@ def type_steps(path: Path, recipes: list[str], prompts: list[str], tokens: int, 
     import numpy as np
     from river_edge.measure.files import prepare_files
     from river_edge.measure.harness import alternate, timed_greedy
-    from river_edge.measure.host import placement
+    from river_edge.host import placement
     from river_edge.runtime.llama import RiverLlama
     files, _ = prepare_files(path, plain=recipes)
     llms = {q: RiverLlama(str(files[q]), n_ctx=512, n_threads=threads, n_threads_batch=threads, seed=0, verbose=False)

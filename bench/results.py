@@ -23,7 +23,7 @@ from pathlib import Path
 
 from river_edge.gguf_tools.writer import write_text
 from river_edge.measure.records import GEMMA, PLAIN, QWEN, QWEN15, SMOL
-from river_edge.measure.report import EVAL_CONFIGS, FULL, report
+from report import EVAL_CONFIGS, FULL, report   # bench/'s own modules, beside this script
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -83,7 +83,7 @@ def step_modes(out: Path, limit: int | None, model: str, modes: str = MODES, bac
 
 def step_upcast(out: Path, limit: int | None, model: str) -> dict:
     from river_edge import zoo
-    from river_edge.measure import upcast
+    import upcast
     return upcast.run(zoo.prepare(model), progress=_say)
 
 
@@ -94,7 +94,7 @@ def step_runtime(out: Path, limit: int | None, model: str) -> dict:
 
 
 def step_quality(out: Path, limit: int | None, model: str) -> dict:
-    from river_edge.measure import quality as Q
+    import quality as Q
     kw = dict(n_texts=2, max_tokens=24) if limit else dict(n_texts=8, max_tokens=160)
     return Q.run(_river(model), list(Q.DEFAULT_CONFIGS) + ["taus", "gates"], progress=_say, **kw)
 
@@ -110,7 +110,7 @@ def step_eval(out: Path, limit: int | None, model: str, task: str) -> dict:
 
 
 def step_long(out: Path, limit: int | None, model: str) -> dict:
-    from river_edge.measure import longrun as LR
+    import longrun as LR
     from river_edge.measure import plots
     path = _river(model)
     n_long, n_batch = (24, 12) if limit else (2048, 256)
@@ -161,7 +161,7 @@ SPEED = ("modes_", "runtime_", "spec_compare_")
 
 
 def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str]) -> None:
-    from river_edge.measure.host import host
+    from river_edge.host import host
     from river_edge.measure.records import host_folder, machine, recorded_machine
 
     here = host()

@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
         mem[c] = json.loads(lines[-1])["peak_mib"] if lines else None
     files = {"backbone": a.backbone, "river": a.river, "draft": a.draft}
-    from river_edge.measure.host import host
+    from river_edge.host import host
 
     summary = {
         "model": a.name, "files": files, "file_mib": {k: Path(v).stat().st_size / 2**20 for k, v in files.items()},

@@ -163,7 +163,7 @@ def check_rpc(rpc: Optional[str], gpu_layers: int) -> None:
 
 def _version(value: bool):
     if value:
-        from river_edge.measure.host import runtime
+        from river_edge.host import runtime
 
         rt = runtime()
         if rt["llama_cpp_python"] is None:

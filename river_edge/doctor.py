@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from river_edge.format import ARCHITECTURES
-from river_edge.measure import host as H
+from river_edge import host as H
 
 
 def report(model: Path | None = None, threads: int | None = None) -> str:

@@ -8,9 +8,13 @@ no biases, per-head q/k norms (as Qwen3-0.6B).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+# bench/'s modules (the report writers, the studies, the device check) import as bench/'s scripts import them
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from river_edge.gguf_tools.build import build_river
 from river_edge.gguf_tools.tiny import write_tiny_model
@@ -88,7 +92,7 @@ def pytest_terminal_summary(terminalreporter):
                if r.when == "call" and "extra_bufts" in r.nodeid]
     if not reports:
         return
-    from river_edge.measure.host import cpu
+    from river_edge.host import cpu
 
     on = sum("-extra_bufts" in r.nodeid for r in reports)
     failed = sum(r.failed for r in reports)

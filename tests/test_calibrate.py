@@ -215,7 +215,7 @@ def test_an_interrupted_calibration_leaves_none_of_its_outputs(tiny_llama, tmp_p
     """The GGUF, DST.calibration.json and DST.calibration.png appear together or not at all: a Ctrl-C while the
     figure was drawn left the GGUF and the JSON without it; one between the renames removes those renamed in."""
     from river_edge.gguf_tools import writer
-    from river_edge.measure import plots
+    from river_edge.calibration import figure
 
     s = T.Settings(n_prompts=2, decode_tokens=2, online_tokens=2, prompts=["What is 1 plus 1?", "Hi"])
     out = tmp_path / "c.gguf"
@@ -224,7 +224,7 @@ def test_an_interrupted_calibration_leaves_none_of_its_outputs(tiny_llama, tmp_p
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     with monkeypatch.context() as m:
-        m.setattr(plots, "calibration", interrupted)
+        m.setattr(figure, "calibration", interrupted)
         with pytest.raises(KeyboardInterrupt):
             REP.calibrate_file(tiny_llama, out, T.Target("kl", 0.05), s)
     assert outputs() == []

@@ -18,7 +18,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 capi = pytest.importorskip("river_edge.runtime.capi")
 
-from river_edge.measure.host import variant_of  # noqa: E402
+from river_edge.host import variant_of  # noqa: E402
 
 LIB = Path(llama_cpp.__file__).with_name("lib")
 VARIANTS = sorted(variant_of(p.name) for p in LIB.glob("*ggml-cpu-*.so"))

@@ -33,7 +33,7 @@ CASES = [*ARCHS, "llama-half", "qwen2-half", "gemma3-half", "smollm2"]
 
 @pytest.fixture(scope="module", autouse=True)
 def device():
-    from river_edge.measure.host import devices
+    from river_edge.host import devices
 
     assert DEVICE in ("vulkan", "cuda", "rpc"), f"RIVER_TEST_DEVICE={DEVICE!r}: vulkan, cuda or rpc"
     if DEVICE != "rpc":

@@ -1,10 +1,10 @@
-"""Pricing exact mode's levers from a draft log (river_edge/measure/levers.py, bench/levers.py): the replay against
+"""Pricing exact mode's levers from a draft log (bench/replay.py, bench/levers.py): the replay against
 hand-computed cycles, and the runtime's draft log against its own statistics."""
 from __future__ import annotations
 
 import pytest
 
-from river_edge.measure import levers as LV
+import replay as LV   # bench/replay.py
 from river_edge.runtime.llama import RiverLlama
 
 # (top-1 probability of each draft, drafts judged, drafts accepted)

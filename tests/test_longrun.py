@@ -1,4 +1,4 @@
-"""Long and batched runs (river_edge.measure.longrun) on the tiny river GGUFs of both architectures.
+"""Long and batched runs (bench/longrun.py) on the tiny river GGUFs of both architectures.
 
 The tiny GGUFs are uncalibrated (thresholds +inf): the river rule never exits there, so it must equal the
 backbone, alone and in a batch; with thresholds of -1 it exits at every step and must not.
@@ -13,7 +13,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from river_edge.runtime import capi  # noqa: E402
-from river_edge.measure import longrun as LR  # noqa: E402
+import longrun as LR  # noqa: E402  (bench/longrun.py)
 from river_edge.measure import plots as P  # noqa: E402
 from river_edge.format import RiverError  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Distribution metrics (river_edge.measure.quality) on the tiny river GGUFs: each configuration against the backbone."""
+"""Distribution metrics (bench/quality.py) on the tiny river GGUFs: each configuration against the backbone."""
 from __future__ import annotations
 
 import shutil
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from river_edge.measure import quality as Q  # noqa: E402
+import quality as Q  # noqa: E402  (bench/quality.py)
 from river_edge.format import RiverError  # noqa: E402
 from river_edge.gguf_tools.build import set_river_keys  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The results pages' logic (river_edge/measure/report.py): which river configurations plain quantization
+"""The results pages' logic (bench/report.py): which river configurations plain quantization
 dominates, and the README section written between its markers from the JSON."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from river_edge.measure import headline as H
-from river_edge.measure import report as R
+import headline as H   # bench/
+import report as R
 
 
 def cfg(speed, kl, agree=0.9, **kw):
@@ -125,10 +125,9 @@ def test_make_results_routes_speed_steps_to_this_machines_folder(tmp_path, monke
     machine left in this machine's folder is measured again, one of this machine is not."""
     import importlib.util
 
-    from river_edge.measure import host as H_
+    from river_edge import host as H_
 
-    spec = importlib.util.spec_from_file_location("results_script", R.__file__.replace(
-        "river_edge/measure/report.py", "bench/results.py"))
+    spec = importlib.util.spec_from_file_location("results_script", R.__file__.replace("report.py", "results.py"))
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     here = {"cpu": {"model": "AMD EPYC", "isa": ["avx2"], "cpus": 2}, "runtime": {"cpu_variant": "zen4"}}
@@ -165,7 +164,7 @@ def test_a_host_folder_shows_its_spec_compare_and_runtime_host(tmp_path):
         "model": R.QWEN15, "tokens": 8, "rounds": 2, "host": host, "load_before": [1.5, 1, 1],
         "ratio_median": {"backbone": 1.0, "exact": 1.4}, "tok_s_median": {"backbone": 10.0, "exact": 14.0},
         "identical_rounds": {"backbone": 2, "exact": 2}, "peak_mib": {}, "file_mib": {"backbone": 1, "river": 2, "draft": 1}}))
-    runtime = json.loads((Path(R.__file__).parents[2] / "bench" / "results" / "hosts" / "amd-epyc-zen4" /
+    runtime = json.loads((Path(R.__file__).parent / "results" / "hosts" / "amd-epyc-zen4" /
                           f"runtime_{R.SMOL}.json").read_text())   # a real runtime benchmark's JSON
     (other / f"runtime_{R.SMOL}.json").write_text(json.dumps(dict(runtime, host=host)))
     text = R.report(tmp_path, None)

@@ -98,7 +98,7 @@ def test_chat_rpc_without_layers_is_refused(tiny_llama, runner):
 
 def test_chat_says_when_gpu_layers_offloaded_nothing(tiny_llama):
     """The CPU build with no rpc-servers: --gpu-layers offloads nothing; one warning line says so, the chat runs."""
-    from river_edge.measure.host import devices
+    from river_edge.host import devices
 
     if any(not d.startswith("CPU") for d in devices()):
         pytest.skip(f"this runtime has a device: {devices()}")

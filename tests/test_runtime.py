@@ -559,7 +559,7 @@ def test_bad_controls_are_clear_errors(river_path, tmp_path):
 def test_offload_without_a_device_says_so(river_path):
     """n_gpu_layers where no device can take a layer: llama.cpp keeps them on the CPU silently; RiverLlama warns."""
     from river_edge.format import RiverWarning
-    from river_edge.measure.host import devices
+    from river_edge.host import devices
 
     if any(not d.startswith("CPU") for d in devices()):
         pytest.skip(f"this runtime has a device: {devices()}")

@@ -568,7 +568,7 @@ def test_flash_attention_makes_batches_exact_over_a_quantized_backbone(tmp_path,
     from river_edge.gguf_tools.build import build_river
     from river_edge.gguf_tools.convert import plain
     from river_edge.gguf_tools.tiny import write_tiny_model
-    from river_edge.measure.host import cpu
+    from river_edge.host import cpu
 
     if not {"amx_tile", "avx512f"} & set(cpu()["isa"]):
         pytest.skip("measured on AMX and AVX512 hosts only")

@@ -123,3 +123,16 @@ def test_one_home_for_the_mode_vocabulary():
                     bad.append(f"{name}:{node.lineno} defaults to {last.value!r}")
     assert bad == []
     assert set(DEFAULT_MODE.values()) <= set(MODES)
+
+
+def test_the_product_does_not_import_the_measurement_wing():
+    """river_edge.measure holds the benchmarks behind `river bench` and `river eval`; the rest of the product (the
+    runtime, calibration, GGUF tools, chat, serve, doctor) never imports it, and the report writers and studies that
+    only the repository's pages use live in bench/, outside the package."""
+    graph = import_graph()
+    verbs = {"river_edge.cli.bench", "river_edge.cli.evaluate", "river_edge.cli.demo", "river_edge.cli.main"}
+    bad = {m: sorted(d for d in deps if d.startswith("river_edge.measure"))
+           for m, deps in graph.items() if not m.startswith("river_edge.measure") and m not in verbs}
+    assert {m: d for m, d in bad.items() if d} == {}
+    assert not {"report", "headline", "longrun", "quality", "upcast", "levers"} & \
+        {n.split(".")[-1] for n in graph if n.startswith("river_edge.measure.")}

@@ -90,7 +90,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     from ..gguf_tools.build import set_river_keys
     from ..gguf_tools.writer import check_not_input, replacing_together
     from ..gguf_tools.inspect import check
-    from river_edge.measure import plots
+    from .figure import calibration as figure
 
     src, dst = Path(src), Path(dst)
     check_not_input(src, dst)
@@ -111,7 +111,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     # the reports first, the GGUF last: a reader that finds the GGUF finds its reports
     with replacing_together([f"{dst}.calibration.json", f"{dst}.calibration.png", dst]) as (js, png, gguf):
         js.write_text(json.dumps(summary, indent=1), encoding="utf-8")
-        plots.calibration(summary, png, f"{label}: calibration, {target.kind} <= {target.value}"
+        figure(summary, png, f"{label}: calibration, {target.kind} <= {target.value}"
                           if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
         set_river_keys(src, gguf, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
                        calibrated=True, fit_summary=json.dumps(_compact(summary)),

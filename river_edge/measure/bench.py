@@ -241,7 +241,7 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
     dec = {c.name: [x["results"][c] for x in rows] for c in cfgs}   # per (round, prompt), the same order in each
     elapsed = time.time() - t_start
     load_after = load_avg()
-    from river_edge.measure.host import host, placement
+    from river_edge.host import host, placement
 
     bufts = {k: placement(m) for k, m in models.items()}
     models.clear()   # free the models before the memory probes

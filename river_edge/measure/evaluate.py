@@ -178,7 +178,7 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         progress: Progress | None = None) -> dict:
     """Evaluate `model` on `task`; returns summarize()'s dict (also the JSON `river eval` writes)."""
     from river_edge.gguf_tools.writer import check_output, same_file
-    from river_edge.measure.host import host
+    from river_edge.host import host
     from river_edge.runtime.llama import _has_river_tensors
 
     model = Path(model)

@@ -87,7 +87,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     chats = [Tokenizer(river_path).chat(t) for t in texts]
     n_ctx = max(len(c) for c in chats) + tokens + 16
     from river_edge.runtime.drafters import DraftModel
-    from river_edge.measure.host import host, placement
+    from river_edge.host import host, placement
     from river_edge.runtime.llama import RiverLlama
 
     def load(path):
@@ -184,7 +184,7 @@ def _offload_note(offload: dict | None) -> dict | None:
     """What ran where: n_gpu_layers, the rpc-servers named, and ggml's device list of this process."""
     if not offload:
         return None
-    from river_edge.measure.host import devices
+    from river_edge.host import devices
 
     return {**offload, "devices": devices()}
 

@@ -1,5 +1,6 @@
-"""Every PNG figure of the measurements (matplotlib, no display needed): calibration, the runtime benchmark, the
-decoding modes, long and batched runs, and the results pages' quality and accuracy plots."""
+"""The PNG figures of the measurements (matplotlib, no display needed): the runtime benchmark, the decoding modes,
+long and batched runs, and the results pages' quality and accuracy plots (calibration draws its own:
+river_edge/calibration/figure.py)."""
 from __future__ import annotations
 
 import math
@@ -8,55 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _plt():
-    """matplotlib, imported when a figure is drawn: a measurement process that imports this module (the memory
-    probes among them) must not carry matplotlib in its baseline."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save(fig, path: str | Path) -> Path:
-    """The figure as a PNG at `path`, through a temporary file and a rename (a reader never sees half of it)."""
-    from river_edge.gguf_tools.writer import replacing
-
-    with replacing(path, ".png") as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    return Path(path)
-
-
-def calibration(summary: dict, path: str | Path, title: str = "") -> Path:
-    plt = _plt()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, rho in summary["spearman_per_layer"].items():
-        a.plot(range(len(rho)), rho, marker=".", label=name.replace("_", " "))
-    a.axhline(0, color="grey", lw=0.8)
-    a.set(xlabel="exit after layer l", ylabel="Spearman(signal, KL of exiting at l)",
-          title="Does the signal predict the damage? (test prompts)", ylim=(-1, 1))
-    a.legend(fontsize=8)
-
-    sweep = summary["test_clean_sweep"]
-    b.plot([p["depth"] for p in sweep], [p["kl"] for p in sweep], color="C0", alpha=0.5,
-           label=f"{summary['rule']} rule sweep (clean cache)")
-    t = summary["test"]
-    L = t["backbone"]["depth"]
-    b.plot([0, L], [t["all_river"]["kl"], 0], ls="--", color="grey", lw=0.8, label="random mix, ideal line")
-    for key, style in (("rule", "C0o"), ("random_same_depth", "C3s"), ("all_river", "kD"), ("backbone", "g^")):
-        b.plot(t[key]["depth"], t[key]["kl"], style, ms=8, label=f"{key.replace('_', ' ')} (online)")
-    b.set(xlabel="mean backbone layers per decode token", ylabel="mean KL vs backbone",
-          title="Quality against depth (test prompts)")
-    b.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    save(fig, path)
-    plt.close(fig)
-    return path
+from river_edge.figure import pyplot as _plt, save
 
 
 def river_vs_ideal_from_medians(res: dict) -> float:

@@ -44,7 +44,7 @@ def main(models: Path, out_json: Path, out_npz: Path) -> int:
     import llama_cpp
 
     from river_edge.doctor import load_logged
-    from river_edge.measure import host as H
+    from river_edge import host as H
 
     devices = H.devices()
     rt = H.runtime()

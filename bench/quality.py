@@ -263,7 +263,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
     for d in out.values():   # the same run, one config after another (not alternating): a coarse speed
         d["speed_ratio"] = d["decode_tok_s"] / out["backbone"]["decode_tok_s"]
     say("done", len(configs), len(configs))
-    from river_edge.measure.host import host
+    from river_edge.host import host
 
     return {"kind": "quality", "model": BF.stem(river_path), "river_gguf": str(river_path),
             "shipped_type": _shipped_type(notes.get("source_file")), "head_share": _head_share(river_path),

@@ -10,7 +10,7 @@ import numpy as np
 from river_edge.gguf_tools.build import to_f32
 from river_edge.gguf_tools.reader import ggml_shape, n_dims, open_gguf
 
-from .records import QWEN, QWEN15, SMOL, load
+from river_edge.measure.records import QWEN, QWEN15, SMOL, load
 
 F16_TINY = float(np.finfo(np.float16).tiny)   # below it F16 is subnormal: fewer bits than 2^-11 relative
 
@@ -47,7 +47,7 @@ def section(out: Path) -> list[str]:
         return []
     below = sum(d["below_normal"] for _, u in got for d in u["types"].values())
     zero = sum(d["to_zero"] for _, u in got for d in u["types"].values())
-    return ["**The backbone against the shipped file** (`upcast_*.json`, river_edge/measure/upcast.py, every "
+    return ["**The backbone against the shipped file** (`upcast_*.json`, bench/upcast.py, every "
             "matrix): `river build` upcasts a quantized source by rounding its dequantized weights to F16, which moves "
             + "; ".join(f"{u['moved_share']:.0%} of {m}'s weights ({'/'.join(u['types'])})" for m, u in got)
             + f", each by at most {max(u['max_rel'] for _, u in got):.3g} of its value (F16's unit roundoff, 2^-11) "

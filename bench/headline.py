@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .records import GEMMA, PLAIN, QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts
+from river_edge.measure.records import GEMMA, PLAIN, QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts
 
 
 def paired_ratio(m: dict, c: str, ref: str) -> float | None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.format import RiverError
-from river_edge.measure.host import host
+from river_edge.host import host
 
 Progress = Callable[[str, int, int], None]
 STEP_MODES = tuple(m for m in F.MODES if m not in F.LOOP_MODES)  # the loop modes pick their own tokens: not teacher-forceable

@@ -6,10 +6,10 @@ import json
 import os
 from pathlib import Path
 
-from . import plots as P
-from . import upcast
-from .headline import HEADLINE, headline, paired_ratio
-from .records import QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts, where
+import upcast
+from headline import HEADLINE, headline, paired_ratio
+from river_edge.measure import plots as P
+from river_edge.measure.records import GEMMA, QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts, where
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
@@ -88,7 +88,7 @@ def _ceiling(m: dict) -> tuple[int, float, float] | None:
 
 def _quality(q: dict, modes: dict | None) -> list[str]:
     L = q["n_layer"]
-    out = [f"**Distribution quality, {q['model']}** (`river_edge.measure.quality`: teacher-forced on {len(q['texts'])} "
+    out = [f"**Distribution quality, {q['model']}** (`bench/quality.py`: teacher-forced on {len(q['texts'])} "
            f"held-out texts, {q['positions']} positions, one token per decode as in generation; speed = this run's "
            f"decode tok/s over the backbone's, one configuration after another, not alternating; {where(q)}):", "",
            "| config | mean KL vs backbone | top-1 agreement | perplexity | backbone layers | speed x backbone |",
@@ -205,7 +205,7 @@ def _spec_compare(s: dict) -> list[str]:
 
 def _long(lr: dict, model: str) -> list[str]:
     lo, b = lr["long"], lr["batch"]
-    out = [f"**Long and batched runs, {model}** (`river_edge.measure.longrun`, figure `longrun_{model}.png`; "
+    out = [f"**Long and batched runs, {model}** (`bench/longrun.py`, figure `longrun_{model}.png`; "
            f"{where(lr)}):", ""]
     for m, d in lo["modes"].items():
         out.append(f"- {lo['n_tokens']}-token generation, {m}: mean KL {d['kl_mean']:.4f} (first quarter "
@@ -388,6 +388,9 @@ def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
             lines += _long(lr, model) + [f"![longrun](bench/results/longrun_{model}.png)", ""]
     for key in (f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
         lines += _modes_block(out, key)
+    if c := load(out, f"calibration_{GEMMA}"):
+        lines += _calibration(c, GEMMA)
+    lines += _modes_block(out, GEMMA)
     evals = {t: e for t in FULL if (e := load(out, f"eval_{QWEN}_{t}"))}
     if evals:
         lines += _eval(evals)
