@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.river-edge-deps
 
-.PHONY: setup runtime build-cuda build-vulkan test test-all test-vulkan test-rpc test-arm demo results clean
+.PHONY: setup runtime build-cuda build-vulkan test test-all test-vulkan test-rpc test-arm device-bundle device-check demo results clean
 
 setup: runtime $(STAMP)
 
@@ -60,6 +60,15 @@ test-rpc: setup
 # (packages, the arm64 architecture, bookworm-backports for a qemu that knows neoverse-v1) sets itself up.
 test-arm: setup
 	$(PY) tests/arm/run.py
+
+# The one-call check on a GPU machine with many cores (bench/device_check.py; docs/backends.md): `make device-bundle`
+# here writes .device/ (the runtime or its patched source, wheels the machine cannot download, the models' shapes),
+# then, carrying .device, `make device-check` there (no setup: that machine's own python3 with torch) into $$OUT.
+device-bundle: setup
+	$(PY) bench/device_check.py bundle
+
+device-check:
+	python3 bench/device_check.py run
 
 $(STAMP): pyproject.toml $(VENV)/.torch
 	$(PY) -m pip install -q -e '.[test]'

@@ -358,9 +358,10 @@ def _spec_block(folder: Path, rel: str = "") -> list[str]:
     return _spec_compare(s) + [f"![spec_compare](bench/results/{rel}spec_compare_{QWEN15}.png)", ""]
 
 
-def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
+def report(out: Path, readme: Path | None, front: Path | None = None, extra=None) -> str:
     """The generated section of `readme` (docs/results.md) from the JSON in `out`, its plots beside the JSON, and
-    the headline table of `front` (the README) when given; returns the section's text."""
+    the headline table of `front` (the README) when given; returns the section's text. `extra(folder)`: more lines
+    for another host's folder (bench/results.py passes the device check's, bench/device_bench.py)."""
     lines = ["All figures: 2 threads on a shared 2-core x86 machine, greedy decoding. Weights: the offline models "
              "ship quantized (SmolLM2-135M-Instruct Q4_1, Qwen2.5-Coder-0.5B and 1.5B Q4_K_M); the backbone is their F16 "
              "upcast (their weights rounded to F16: below), the river Q4_0 re-quantized from it (with a Q4_0 copy of the LM head for all-river drafts), and "
@@ -404,6 +405,7 @@ def report(out: Path, readme: Path | None, front: Path | None = None) -> str:
         for key in (SMOL, QWEN, f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
             lines += _modes_block(folder, key, rel)
         lines += [x for m in (SMOL, QWEN) for x in _runtime_block(folder, m, rel)] + _spec_block(folder, rel)
+        lines += extra(folder) if extra else []
     text = "\n".join(lines).rstrip() + "\n"
     if readme is not None:   # plots linked relative to the page they appear in
         rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()

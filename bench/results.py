@@ -23,7 +23,8 @@ from pathlib import Path
 
 from river_edge.gguf_tools.writer import write_text
 from river_edge.measure.records import GEMMA, PLAIN, QWEN, QWEN15, SMOL
-from report import EVAL_CONFIGS, FULL, report   # bench/'s own modules, beside this script
+from device_bench import section as device_section   # bench/'s own modules, beside this script
+from report import EVAL_CONFIGS, FULL, report
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -225,7 +226,7 @@ def main(argv=None) -> int:
     if a.what == "rescore":
         rescore(a.out)
     front = ROOT / "README.md" if readme is not None and readme.resolve() == page.resolve() else None
-    print(report(a.out, readme, front))
+    print(report(a.out, readme, front, extra=device_section))
     return 0
 
 

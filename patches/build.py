@@ -150,13 +150,22 @@ def cuda_args(python: str, extra: list[str]) -> list[str]:
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     release = out.split("release ")[1].split(",")[0]          # "13.0"
     dest = cache_dir() / "cuda" / f"cublas-{release}"
-    if not (dest / "nvidia").is_dir():
+    installed = pip_nvidia(python)   # the one PyTorch's CUDA build brought, if any (a machine without network)
+    if installed is not None and any(installed.glob(f"*/lib/libcublas.so.{release.split('.')[0]}*")):
+        dest = installed.parent
+    elif not (dest / "nvidia").is_dir():
         run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(dest), f"nvidia-cublas=={release}.*"])
-    base = next(dest.glob("nvidia/cu*/")) if not (dest / "nvidia" / "cublas").is_dir() else dest / "nvidia" / "cublas"
+    base = next(p.parent.parent for p in sorted(dest.glob("nvidia/*/lib/libcublas.so*")))
     lib, inc = base / "lib", base / "include"
     find = lambda name: next(iter(sorted(lib.glob(f"{name}.so*"))))
     return vmm + [f"-DCUDA_cublas_LIBRARY={find('libcublas')}", f"-DCUDA_cublasLt_LIBRARY={find('libcublasLt')}",
             f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}"]
+
+
+def pip_nvidia(python: str) -> Path | None:
+    """The `nvidia` folder of NVIDIA's PyPI wheels in python's environment (cuBLAS, cudart), if any."""
+    out = subprocess.run([python, "-c", "import nvidia; print(list(nvidia.__path__)[0])"], capture_output=True, text=True)
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
 
 
 def installed_tag(python: str) -> str | None:
