@@ -49,15 +49,13 @@ LIMIT = 58 << 20   # of the call's 64 MiB, the rest for the working tree
 
 # -- here: the bundle ----------------------------------------------------------------------------------
 
-def _cuda_wheel() -> Path | None:
+def _cuda_wheel(arch: str) -> Path | None:
+    """The wheel `make build-cuda CUDA_ARCH=arch` cached for this series, if any."""
     sys.path.insert(0, str(ROOT / "patches"))
     import build as B
-    for arch in ("90",):
-        extra = f"-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES={arch}".split()
-        found = list((B.cache_dir() / "wheels" / B.series_hash(extra + B.cuda_args(sys.executable, extra))).glob("*.whl"))
-        if found:
-            return found[0]
-    return None
+    extra = f"-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES={arch}".split()
+    found = sorted((B.cache_dir() / "wheels" / B.series_hash(extra + B.cuda_args(sys.executable, extra))).glob("*.whl"))
+    return found[0] if found else None
 
 
 def _shapes() -> dict:
@@ -96,7 +94,7 @@ def bundle(args) -> int:
     (BUNDLE / "wheels").mkdir(parents=True)
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
                     str(BUNDLE / "wheels"), "gguf==0.19.0", "diskcache>=5.6.1"], check=True)
-    wheel = Path(args.wheel) if args.wheel else _cuda_wheel()
+    wheel = Path(args.wheel) if args.wheel else _cuda_wheel(args.cuda_arch)
     if wheel is not None:
         shutil.copy2(wheel, BUNDLE / "wheels" / wheel.name)
     else:
@@ -129,10 +127,21 @@ def sh(cmd: str) -> str:
     return (r.stdout + r.stderr).strip()
 
 
+def cuda_lib_dirs() -> list[str]:
+    """Where CUDA's libraries are: the toolkit's, and those of NVIDIA's wheels beside PyTorch."""
+    sys.path.insert(0, str(ROOT / "patches"))
+    import build as B
+    dirs = [str(p.parent) for pat in ("usr/local/cuda*/lib64/libcudart.so*", "usr/local/cuda*/targets/*/lib/libcudart.so*")
+            for p in sorted(Path("/").glob(pat))]
+    nv = B.pip_nvidia(sys.executable)
+    return list(dict.fromkeys(dirs + ([str(p.parent) for p in sorted(nv.glob("*/lib/libcu*.so*"))] if nv else [])))
+
+
 def probe() -> dict:
     smi = shutil.which("nvidia-smi")
     gpu = sh("nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader") if smi else ""
-    libs = {n: sh(f"ldconfig -p | grep -m1 {n} || find / -name '{n}*' -path '*lib*' 2>/dev/null | head -1")
+    where = [*cuda_lib_dirs(), "/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu"]   # the driver's: the last two
+    libs = {n: next((str(p) for d in where for p in sorted(Path(d).glob(f"{n}*"))), None)
             for n in ("libcuda.so", "libcudart.so", "libcublas.so")}
     return {"gpu": gpu or None, "nvcc": sh("nvcc --version | tail -2") if shutil.which("nvcc") else None,
             "libraries": libs, "python": sys.version.split()[0], "machine": platform.machine(),
@@ -168,15 +177,9 @@ def runtime(log, cap: str | None) -> dict:
 
 
 def child_env() -> dict:
-    """The installed runtime on the path, and CUDA's libraries where the loader finds them: the toolkit's and
-    those of NVIDIA's wheels beside PyTorch (ggml-cuda links cudart and cuBLAS)."""
-    sys.path.insert(0, str(ROOT / "patches"))
-    import build as B
-    dirs = [str(p.parent) for pat in ("/usr/local/cuda*/lib64/libcudart.so*", "/usr/local/cuda*/targets/*/lib/libcudart.so*")
-            for p in sorted(Path("/").glob(pat.lstrip("/")))]
-    nv = B.pip_nvidia(sys.executable)
-    dirs += [str(p.parent) for p in sorted(nv.glob("*/lib/libcu*.so*"))] if nv else []
-    ld = ":".join(dict.fromkeys(dirs + [os.environ.get("LD_LIBRARY_PATH", "")]))
+    """The installed runtime on the path, and CUDA's libraries where the loader finds them (ggml-cuda links cudart
+    and cuBLAS)."""
+    ld = ":".join(dict.fromkeys(cuda_lib_dirs() + [os.environ.get("LD_LIBRARY_PATH", "")]))
     return dict(os.environ, PYTHONPATH=str(BUNDLE / "site"), PYTHONUNBUFFERED="1", LD_LIBRARY_PATH=ld.strip(":"))
 
 
@@ -196,6 +199,7 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="what", required=True)
     b = sub.add_parser("bundle", help="here: write .device/ (what the GPU machine cannot download)")
     b.add_argument("--wheel", help="a CUDA wheel of this series to carry (default: the cached one, if any)")
+    b.add_argument("--cuda-arch", default="90", help="the CUDA_ARCH of `make build-cuda` whose cached wheel to carry")
     r = sub.add_parser("run", help="there: the check, into --out")
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "device-check")))
     r.add_argument("--models", default=",".join(MODELS))
