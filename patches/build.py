@@ -77,17 +77,21 @@ def cpu_tag() -> str:
     return f"{platform.machine()}:{flags}"
 
 
-def compilers() -> str:
-    """The C and C++ compilers CMake will pick, by their version lines: another compiler, another binary."""
+def version_lines(exes) -> str:
+    """Each program's first --version line (or why not): another compiler, another binary."""
     out = []
-    for var, default in (("CC", "cc"), ("CXX", "c++")):
-        exe = os.environ.get(var, default)
+    for exe in exes:
         try:
             r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
             out.append(f"{exe}: {r.stdout.splitlines()[0] if r.stdout else r.returncode}")
         except (OSError, subprocess.TimeoutExpired):
             out.append(f"{exe}: missing")
     return "\n".join(out)
+
+
+def compilers() -> str:
+    """The C and C++ compilers CMake will pick."""
+    return version_lines(os.environ.get(var, default) for var, default in (("CC", "cc"), ("CXX", "c++")))
 
 
 def series_hash(extra_cmake: list[str]) -> str:

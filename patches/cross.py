@@ -15,7 +15,6 @@ import argparse
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,20 +47,10 @@ def flags(extra: list[str] = ()) -> list[str]:
     return B.CMAKE_ARGS + B.PORTABLE + ARM_ARGS + list(extra)
 
 
-def version_lines() -> str:
-    out = []
-    for exe in (CC, CXX, f"{TRIPLE}-g++", f"{TRIPLE}-ld"):
-        try:
-            r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
-            out.append(f"{exe}: {r.stdout.splitlines()[0] if r.stdout else r.returncode}")
-        except (OSError, subprocess.TimeoutExpired):
-            out.append(f"{exe}: missing")
-    return "\n".join(out)
-
-
 def tag(extra: list[str] = ()) -> str:
     h = hashlib.sha256()
-    h.update(f"{B.VERSION}\n{TRIPLE}\n{version_lines()}\n{TOOLCHAIN}\n{' '.join(flags(extra))}\n".encode())
+    tools = B.version_lines((CC, CXX, f"{TRIPLE}-g++", f"{TRIPLE}-ld"))
+    h.update(f"{B.VERSION}\n{TRIPLE}\n{tools}\n{TOOLCHAIN}\n{' '.join(flags(extra))}\n".encode())
     for p, where in B.series(list(extra)):
         h.update(p.name.encode() + b"\0" + where.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()[:16]
