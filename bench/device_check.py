@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "patches"))
+import build as B   # noqa: E402  (patches/build.py: the series, its flags, the CUDA libraries)
 BUNDLE = ROOT / ".device"
 MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
-GPU_MODES = "backbone,exact,river,river:lagged,q8_0,q4_k_m"
-CPU_MODES = "backbone,exact,river,q8_0,q4_k_m"
 # llama.cpp's folders the build never reads (-DLLAMA_BUILD_TOOLS=OFF etc.) and the backends it does not build
 TRIM = ("models", "docs", "tools", "benches", "examples", "scripts", "conversion", "tests", "media", "gguf-py",
         *(f"ggml/src/ggml-{b}" for b in ("sycl", "hexagon", "opencl", "et", "metal", "vulkan", "cann", "musa",
@@ -51,8 +51,6 @@ LIMIT = 58 << 20   # of the call's 64 MiB, the rest for the working tree
 
 def _cuda_wheel(arch: str) -> Path | None:
     """The wheel `make build-cuda CUDA_ARCH=arch` cached for this series, if any."""
-    sys.path.insert(0, str(ROOT / "patches"))
-    import build as B
     extra = f"-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES={arch}".split()
     found = sorted((B.cache_dir() / "wheels" / B.series_hash(extra + B.cuda_args(sys.executable, extra))).glob("*.whl"))
     return found[0] if found else None
@@ -98,8 +96,6 @@ def bundle(args) -> int:
     if wheel is not None:
         shutil.copy2(wheel, BUNDLE / "wheels" / wheel.name)
     else:
-        sys.path.insert(0, str(ROOT / "patches"))
-        import build as B
         tmp = BUNDLE / "tmp"
         root = B.prepare_tree(sys.executable, tmp)
         for t in TRIM:
@@ -129,8 +125,6 @@ def sh(cmd: str) -> str:
 
 def cuda_lib_dirs() -> list[str]:
     """Where CUDA's libraries are: the toolkit's, and those of NVIDIA's wheels beside PyTorch."""
-    sys.path.insert(0, str(ROOT / "patches"))
-    import build as B
     dirs = [str(p.parent) for pat in ("usr/local/cuda*/lib64/libcudart.so*", "usr/local/cuda*/targets/*/lib/libcudart.so*")
             for p in sorted(Path("/").glob(pat))]
     nv = B.pip_nvidia(sys.executable)
@@ -162,8 +156,6 @@ def runtime(log, cap: str | None) -> dict:
         if not src.is_dir():
             with tarfile.open(BUNDLE / "src.tar.gz") as tf:
                 tf.extractall(BUNDLE / "build", filter="data")
-        sys.path.insert(0, str(ROOT / "patches"))
-        import build as B
         # SASS for the GPU found only (no PTX), no NCCL (one GPU): the least ggml-cuda to compile
         cuda = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cap}-real", "-DGGML_CUDA_NCCL=OFF"] if cap else []
         flags = B.CMAKE_ARGS + B.PORTABLE + cuda + B.cuda_args(sys.executable, cuda)

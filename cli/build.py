@@ -181,7 +181,6 @@ def calibrate(
     from river_edge.gguf_tools.writer import check_not_input, check_output
 
     check_not_input(river_gguf, out)
-
     check(river_gguf, require_river=True)  # before loading torch and the model
     check_output(out)
     with Bars() as bars:

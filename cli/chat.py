@@ -22,7 +22,7 @@ def chat(
         help="One exit threshold for every layer, over the GGUF's calibrated ones.")] = None,
     no_river: Annotated[bool, typer.Option("--no-river", help="Run the backbone alone (no early exit).")] = False,
     mode: Annotated[Optional[Mode], typer.Option(
-        "--mode", case_sensitive=False, show_default=f"{F.DEFAULT_MODE['chat']} (backbone for a GGUF without a river)",
+        "--mode", case_sensitive=False, show_default=f"{F.DEFAULT_MODE['library']} (backbone for a GGUF without a river)",
         help="Decoding mode: exact (river drafts, backbone verifies: the backbone's output), gated "
              "(backbone where the river is unsure), river (the exit rule), fast (all river), backbone.")] = None,
     gate: Annotated[Optional[float], typer.Option(

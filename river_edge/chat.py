@@ -47,8 +47,6 @@ def load(model: str | Path, *, tau: float | None = None, river: bool = True, thr
     return llm
 
 
-
-
 def river_active(llm) -> bool:
     return (bool(getattr(llm, "has_river", False)) and bool(llm.river_enabled)
             and getattr(llm, "mode", None) != "backbone")

@@ -120,14 +120,16 @@ def check_forced_exit(v, n_layer: int) -> int | None:
 MODES = ("exact", "gated", "river", "fast", "backbone")
 LOOP_MODES = ("exact", "gated")
 LOSSLESS_MODES = ("exact", "backbone")   # their text is the backbone's: batch invariance on, backbone K/V only
-# Each front end's default. The library, `river chat` and `river bench` run the paper's method (the rule: river);
-# `river serve` runs exact mode, because an API client asks for the model's text and exact mode is that text.
-# A GGUF without a river runs as the stock model (backbone) everywhere.
-DEFAULT_MODE = {"library": "river", "chat": "river", "serve": "exact"}
+# Each front end's default. The library (and `river chat`, which is the library's loop) runs the paper's method (the
+# rule: river); `river serve` runs exact mode, because an API client asks for the model's text and exact mode is that
+# text. A GGUF without a river runs as the stock model (backbone) everywhere.
+DEFAULT_MODE = {"library": "river", "serve": "exact"}
 
 
 def default_mode(has_river: bool, front: str = "library") -> str:
     return DEFAULT_MODE[front] if has_river else "backbone"
+
+
 DECISIONS = ("sync", "lagged")   # how the rule reads the scores: per layer as it runs, or the previous step's
 
 

@@ -112,7 +112,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     with replacing_together([f"{dst}.calibration.json", f"{dst}.calibration.png", dst]) as (js, png, gguf):
         js.write_text(json.dumps(summary, indent=1), encoding="utf-8")
         figure(summary, png, f"{label}: calibration, {target.kind} <= {target.value}"
-                          if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
+               if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
         set_river_keys(src, gguf, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
                        calibrated=True, fit_summary=json.dumps(_compact(summary)),
                        gate_entropy=gate["gate_entropy"], gate_summary=json.dumps(summary["gate"]))
