@@ -9,7 +9,7 @@ from pathlib import Path
 import upcast
 from headline import HEADLINE, headline, paired_ratio
 from river_edge.measure import plots as P
-from river_edge.measure.records import GEMMA, QWEN, QWEN15, SMOL, dash, host_line, load, other_hosts, where
+from river_edge.measure.records import GEMMA, QWEN, QWEN15, SMOL, dash, host_line, load, load_modes, other_hosts, same_text_note, where
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
@@ -59,6 +59,7 @@ def _modes(m: dict) -> list[str]:
         mem = (d.get("memory") or {}).get("peak_mib")
         out.append(f"| {c} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f} ({lo:.2f}-{hi:.2f}) | "
                    f"{dash(d.get('request_ratio_median'))} | {dash(mem, '{:.0f}')} | {d['identical_runs']}/{d['runs']} | {note(c, d, m)} |")
+    out += ["", same_text_note(m)]
     ex = m["configs"].get("exact", {}).get("cost_model")
     if ex:
         v = ex["verify_ms_used"]
@@ -271,7 +272,7 @@ def _headline(out: Path) -> list[str]:
     """The few numbers a reader needs first, from the same JSON as the tables below."""
     h = []
     for model in (SMOL, QWEN, QWEN15):
-        m = load(out, f"modes_{model}")
+        m = load_modes(out, model)
         if m and "exact" in m["configs"]:
             e = m["configs"]["exact"]
             vs = [f"{r:.2f}x {name}" for ref, name in (("shipped", "the shipped file"), ("q8_0", "plain Q8_0"))
@@ -339,7 +340,7 @@ def _plain_note(out: Path) -> str:
 
 def _modes_block(folder: Path, key: str, rel: str = "") -> list[str]:
     """A modes section with its figure (written beside the JSON); rel: the folder under bench/results/."""
-    if not (m := load(folder, f"modes_{key}")):
+    if not (m := load_modes(folder, key)):
         return []
     P.modes(m, folder / f"modes_{key}.png")
     return _modes(m) + [f"![modes](bench/results/{rel}modes_{key}.png)", ""]
@@ -370,7 +371,7 @@ def report(out: Path, readme: Path | None, front: Path | None = None, extra=None
              "text and the plots, from `bench/results/*.json`).", ""]
     lines += upcast.section(out) + _headline(out)
     for model in (SMOL, QWEN):
-        modes = load(out, f"modes_{model}")
+        modes = load_modes(out, model)
         q = load(out, f"quality_{model}")
         if c := load(out, f"calibration_{model}"):
             lines += _calibration(c, model)

@@ -82,6 +82,23 @@ def step_modes(out: Path, limit: int | None, model: str, modes: str = MODES, bac
     return M.run(path, M.parse_modes(modes), progress=_say, flash_attn=flash_attn, **kw)
 
 
+# the same-text counts of the modes tables: greedy runs are deterministic, so distinct prompts say more than rounds
+TEXT_PROMPTS = 16
+
+
+def step_text(out: Path, limit: int | None, model: str, modes: str = MODES, backbone: str | None = None,
+              max_rounds: int | None = None, flash_attn: bool = False) -> dict:
+    """A modes step's configurations, each once over TEXT_PROMPTS distinct chat prompts (the timed runs' four
+    among them), untimed: identical runs / runs for its table (records.load_modes)."""
+    from river_edge.measure import modes as M
+    path = _exact_river(model, backbone) if backbone else _river(model)
+    res = M.run(path, M.parse_modes(modes), tokens=12 if limit else 64, n_prompts=2 if limit else TEXT_PROMPTS,
+                rounds=1, max_rounds=1, memory=False, flash_attn=flash_attn, progress=_say)
+    res["kind"] = "text"
+    res["timing"] = "untimed: the tok/s here come from a pass that may share the machine; read only the counts"
+    return res
+
+
 def step_upcast(out: Path, limit: int | None, model: str) -> dict:
     from river_edge import zoo
     import upcast
@@ -156,28 +173,32 @@ STEPS = {
 }
 
 
+STEPS.update({f"text_{n.removeprefix('modes_')}": (step_text, kw) for n, (_, kw) in list(STEPS.items())
+              if n.startswith("modes_")})
+
+
 # speeds belong to one machine: these steps go to this host's folder (records.host_folder); the rest (accuracy,
 # calibration) are kept once, in the results folder itself, by choice (their host is named in them where recorded)
-SPEED = ("modes_", "runtime_", "spec_compare_")
+SPEED = ("modes_", "runtime_", "spec_compare_", "text_")
 
 
-def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str]) -> None:
+def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str], as_host: Path | None = None) -> None:
     from river_edge.host import host
     from river_edge.measure.records import host_folder, machine, recorded_machine
 
     here = host()
-    speeds = host_folder(out, here)
+    speeds = as_host or host_folder(out, here)
     for folder in (out, speeds):
         folder.mkdir(parents=True, exist_ok=True)
     if speeds != out:
         print(f"speed steps: {speeds} (this machine, {here['cpu']['model']}; {out} holds another host's)")
     for name, (fn, kw) in STEPS.items():
-        if only and name not in only:
+        if only and name not in only or as_host and not name.startswith("text_"):
             continue
         folder = speeds if name.startswith(SPEED) else out
         dst = folder / f"{name}.json"
         if dst.is_file() and name not in redo:
-            other = recorded_machine(dst) if name.startswith(SPEED) else None
+            other = recorded_machine(dst) if name.startswith(SPEED) and not as_host else None
             if other in (None, machine(here)):
                 print(f"{name}: done ({dst.relative_to(out)})")
                 continue
@@ -185,11 +206,36 @@ def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str]) -
         print(f"{name}: running", flush=True)
         t0 = time.time()
         res = fn(folder, limit, **kw)
+        if as_host:
+            res["as_host"] = _host_of(as_host)[0]
         if isinstance(res, dict):
             res.setdefault("step_seconds", time.time() - t0)
             res.setdefault("load_average_end", os.getloadavg())
         write_text(dst, json.dumps(res, indent=1) + "\n")
         print(f"\n{name}: {time.time() - t0:.0f} s")
+
+
+def _host_of(folder: Path) -> tuple[str, str]:
+    """Another host's folder: its CPU in a few words and the ggml CPU variant its modes runs loaded."""
+    from river_edge.measure.records import host_line
+    ms = [json.loads(p.read_text()) for p in sorted(folder.glob("modes_*.json"))]
+    variants = {((m.get("host") or {}).get("runtime") or {}).get("cpu_variant") for m in ms}
+    if len(variants) != 1 or None in variants:
+        raise SystemExit(f"{folder}: its modes runs name no single ggml CPU variant ({variants or 'no runs'})")
+    return host_line(ms[0]).split(", ")[0].removeprefix("host "), variants.pop()
+
+
+def as_host_env(folder: Path) -> None:
+    """--as-host: re-run this process with that host's CPU variant forced (GGML_CPU_VARIANT, read when the runtime
+    loads), and refuse where this CPU cannot execute it or the runtime loaded another."""
+    name, variant = _host_of(folder)
+    if os.environ.get("GGML_CPU_VARIANT") != variant:
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GGML_CPU_VARIANT=variant))
+    from river_edge.host import cpu_variant, devices
+    devices()   # loads ggml's backends, the CPU variant among them
+    if cpu_variant() != variant:
+        raise SystemExit(f"{folder}: {name} loaded ggml's {variant} variant; here the runtime loaded {cpu_variant()} "
+                         "(this CPU cannot execute it, or the runtime has no such variant)")
 
 
 def rescore(out: Path) -> None:
@@ -216,13 +262,17 @@ def main(argv=None) -> int:
     ap.add_argument("--redo", default="", help="comma list of steps to run again")
     ap.add_argument("--readme", type=Path, default=None, help="page whose marked section is rewritten (default: docs/results.md, "
                     "only when --out is bench/results)")
+    ap.add_argument("--as-host", type=Path, help="another host's folder (bench/results/hosts/NAME): run its text steps "
+                    "here with the ggml CPU variant that host loaded, into that folder")
     a = ap.parse_args(argv)
+    if a.as_host:
+        as_host_env(a.as_host)
     global EVAL_LIMIT
     EVAL_LIMIT = a.eval_limit
     page = ROOT / "docs" / "results.md"
     readme = a.readme or (page if a.out.resolve() == RESULTS.resolve() else None)
     if a.what == "run":
-        run(a.out, a.limit, a.only.split(",") if a.only else None, [x for x in a.redo.split(",") if x])
+        run(a.out, a.limit, a.only.split(",") if a.only else None, [x for x in a.redo.split(",") if x], a.as_host)
     if a.what == "rescore":
         rescore(a.out)
     front = ROOT / "README.md" if readme is not None and readme.resolve() == page.resolve() else None

@@ -150,6 +150,59 @@ def test_make_results_routes_speed_steps_to_this_machines_folder(tmp_path, monke
     assert json.loads((tmp_path / "modes_a.json").read_text()) == xeon                # the other host's, untouched
 
 
+def test_same_text_counts_come_from_the_sixteen_prompt_pass(tmp_path):
+    """A modes table's *same text* column: the counts of text_<key>.json (each configuration once over 16 distinct
+    prompts) where that pass was made, with a line saying where; the timed runs' own counts otherwise."""
+    m = dict(_modes("Xeon", {"backbone": 10.0, "exact": 12.0, "q8_0": 20.0}), tokens=64, prompts=["p"] * 4, rounds=3)
+    (tmp_path / f"modes_{R.SMOL}.json").write_text(json.dumps(m))
+    text = R.report(tmp_path, None)
+    assert "| exact | 12.0 |" in text and "| 2/2 |" in text and "the timed runs (4 prompts x 3 rounds)" in text
+    t = {"prompts": ["p"] * 16, "tokens": 64, "as_host": "AMD EPYC (avx2, avx512f)",
+         "host": {"cpu": {"model": "Xeon", "isa": ["amx_tile"]}, "runtime": {"cpu_variant": "zen4"}},
+         "configs": {"backbone": {"identical_runs": 16, "runs": 16}, "exact": {"identical_runs": 16, "runs": 16},
+                     "q8_0": {"identical_runs": 5, "runs": 16}}}
+    (tmp_path / f"text_{R.SMOL}.json").write_text(json.dumps(t))
+    text = R.report(tmp_path, None)
+    q8 = next(x for x in text.splitlines() if x.startswith("| q8_0 | 20.0 |"))
+    assert "| 5/16 |" in q8 and "| 2/2 |" not in text
+    assert ("every configuration once over 16 distinct chat prompts, 64 greedy tokens each" in text
+            and "ggml's zen4 variant, the variant AMD EPYC (avx2, avx512f) loads" in text)
+    lines = H.headline(tmp_path)
+    assert "| 5/16 |" in next(x for x in lines if x.startswith(f"| {R.SMOL} | q8_0 |"))
+    assert "each configuration run once on each of 16 distinct chat prompts" in lines[0]
+    del t["configs"]["q8_0"]                                    # a pass that missed a configuration is refused
+    (tmp_path / f"text_{R.SMOL}.json").write_text(json.dumps(t))
+    with pytest.raises(Exception, match="no same-text count for q8_0"):
+        R.report(tmp_path, None)
+
+
+def test_as_host_runs_only_the_text_steps_into_that_hosts_folder(tmp_path, monkeypatch):
+    """--as-host hosts/NAME: the same-text pass of another host's tables, run here under the CPU variant that host
+    loaded, written into its folder and saying so; no speed step runs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_script", R.__file__.replace("report.py", "results.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ran = []
+
+    def step(folder, limit, name):
+        ran.append((name, folder))
+        return {}
+    monkeypatch.setattr(script, "STEPS", {n: (step, dict(name=n)) for n in ("modes_a", "text_a", "quality_a")})
+    amd = tmp_path / "hosts" / "zen4"
+    amd.mkdir(parents=True)
+    rec = {"host": {"cpu": {"model": "AMD EPYC", "isa": ["avx2"], "cpus": 2}, "runtime": {"cpu_variant": "zen4"}},
+           "threads": 2}
+    (amd / "modes_a.json").write_text(json.dumps(rec))
+    assert script._host_of(amd) == ("AMD EPYC (avx2)", "zen4")
+    script.run(tmp_path, None, None, [], as_host=amd)
+    assert ran == [("text_a", amd)] and json.loads((amd / "text_a.json").read_text())["as_host"] == "AMD EPYC (avx2)"
+    (amd / "modes_b.json").write_text(json.dumps(dict(rec, host={"cpu": {"model": "AMD EPYC"}})))  # no variant named
+    with pytest.raises(SystemExit, match="no single ggml CPU variant"):
+        script._host_of(amd)
+
+
 def test_a_host_folder_shows_its_spec_compare_and_runtime_host(tmp_path):
     """spec_compare records its load as os.getloadavg() (a list) and the runtime benchmark under host: a host
     folder's sections name both (the report crashed on the list)."""

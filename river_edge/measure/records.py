@@ -17,6 +17,39 @@ def load(out: Path, name: str) -> dict | None:
     return json.loads(p.read_text()) if p.is_file() else None
 
 
+def load_modes(out: Path, key: str) -> dict | None:
+    """modes_<key>.json, its same-text counts taken from text_<key>.json where that pass was made: every
+    configuration once over 16 or more distinct prompts (bench/results.py's text steps), where the timed rounds
+    repeat 4 prompts. m["same_text"] then says where and how those counts were made."""
+    m = load(out, f"modes_{key}")
+    t = load(out, f"text_{key}") if m else None
+    if not t:
+        return m
+    missing = set(m["configs"]) - set(t["configs"])
+    if missing:
+        raise RiverError(f"{out / f'text_{key}.json'}: no same-text count for {', '.join(sorted(missing))}")
+    for c, d in m["configs"].items():
+        d["identical_runs_timed"], d["runs_timed"] = d["identical_runs"], d["runs"]
+        d["identical_runs"], d["runs"] = t["configs"][c]["identical_runs"], t["configs"][c]["runs"]
+    m["same_text"] = {"prompts": len(t["prompts"]), "tokens": t["tokens"], "host": host_line(t).split(", load")[0],
+                      "cpu_variant": ((t.get("host") or {}).get("runtime") or {}).get("cpu_variant"),
+                      "as_host": t.get("as_host")}
+    return m
+
+
+def same_text_note(m: dict) -> str:
+    """One line under a modes table: where its same-text counts come from."""
+    s = m.get("same_text")
+    if not s:
+        return (f"*Runs identical to backbone*: the timed runs ({len(m['prompts'])} prompts x {m['rounds']} rounds).")
+    where = f"{s['host']}, ggml's {s['cpu_variant']} variant"
+    if s.get("as_host"):
+        where += (f", the variant {s['as_host']} loads, at its thread count: the same code on the same data, so "
+                  "the same bits")
+    return (f"*Runs identical to backbone*: every configuration once over {s['prompts']} distinct chat prompts, "
+            f"{s['tokens']} greedy tokens each (the timed runs' prompts among them), untimed, on {where}.")
+
+
 def dash(v, f="{:.2f}"):
     return "-" if v is None else f.format(v)
 
