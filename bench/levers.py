@@ -41,8 +41,8 @@ def draft_log(path: Path, prompts: list[str], tokens: int, threads: int) -> tupl
     from river_edge.runtime.llama import RiverLlama
     llm = RiverLlama(str(path), mode="exact", n_ctx=2048, n_threads=threads, n_threads_batch=threads, seed=0,
                      verbose=False)
-    sp = llm._spec
-    sp.fixed_k = sp.kmax
+    sp = llm.modes
+    sp.draft_k = sp.kmax
     seqs, logs = [], []
     for t in prompts:
         sp.draft_log = []
@@ -68,7 +68,7 @@ def ab_stop(path: Path, prompts: list[str], tokens: int, threads: int, rounds: i
     cfgs = ["stop", "no stop"]
 
     def run(c, i):
-        llm._spec.draft_stop = DRAFT_STOP if c == "stop" else None
+        llm.modes.draft_stop = DRAFT_STOP if c == "stop" else None
         toks, tok_s, _ = timed_greedy(llm, chats[i], tokens)
         return toks, tok_s
 

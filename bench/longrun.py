@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batched import batch_context   # bench/, beside this module
 from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.host import host
@@ -181,7 +182,7 @@ def kl_in_batch(river_path, prompts: Sequence[str], *, n_tokens: int = 256, thre
                                        seconds=sec)})
 
         nb = max(longest, n_seq)
-        ctx = llm.batch_context(n_seq, n_seq * (longest + n_tokens) + 64, nb)
+        ctx = batch_context(llm, n_seq, n_seq * (longest + n_tokens) + 64, nb)
         batch = LlamaBatch(n_tokens=nb, embd=0, n_seq_max=1, verbose=False)
         for s, p in enumerate(ids):  # prefill: one llama_decode (one ubatch, one rule decision) each, as alone
             batch.reset()

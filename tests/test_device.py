@@ -120,12 +120,12 @@ def test_exact_is_the_backbone(case):
     path, gpu = case
     ref = river(path, gpu, mode="backbone", logits_all=False)
     ex = river(path, gpu, mode="exact", logits_all=False)   # logits_all asks for logprobs: no speculation
-    ex._spec.fixed_k = 3   # drafts every cycle whatever the cost model says (on lavapipe it says k = 0)
+    ex.modes.draft_k = 3   # drafts every cycle whatever the cost model says (on lavapipe it says k = 0)
     want = [t for _, t in zip(range(32), ref.generate(PROMPT, temp=0.0))]
     g = ex.generate(PROMPT, temp=0.0)
     got = [next(g) for _ in range(32)]
     g.close()
-    assert got == want and ex._spec.st.drafted > 0
+    assert got == want and ex.stats()["drafted"] > 0
     # batch invariance covers the CPU backend only: with layers on a device it is not claimed (the guard decides)
     assert not ex.batch_invariant
 

@@ -52,7 +52,7 @@ def test_ngram_cache_chains_the_most_frequent_continuation():
 @pytest.mark.parametrize("drafter", ["ngram", "ngram-cache", "river+ngram"])
 def test_ngram_drafters_are_exact_and_draft(model, drafter):
     ref, ex = _llm(model, "backbone"), _llm(model, "exact", drafter=drafter)
-    ex._spec.fixed_k = 4     # the cost model's choice depends on this machine's timings; proposals are capped by it
+    ex.modes.draft_k = 4     # the cost model's choice depends on this machine's timings; proposals are capped by it
     for p in PROMPTS:
         assert _gen(ex, p) == _gen(ref, p)
     by = ex.stats()["by_drafter"]
@@ -69,7 +69,7 @@ def test_draft_model_is_exact_and_its_own_backbone_is_always_accepted(model, tmp
     other = plain(model, tmp_path / "river.gguf", "river")           # a different model, same vocabulary
     for path, all_kept in ((same, True), (other, False)):
         ex = _llm(model, "exact", drafter=str(path))
-        ex._spec.fixed_k = 3
+        ex.modes.draft_k = 3
         for p in PROMPTS:
             assert _gen(ex, p) == _gen(ref, p)
         s = ex.stats()["by_drafter"][f"model:{path}"]
@@ -100,6 +100,36 @@ def test_free_drafts_choose_longer_k():
     assert np.isclose(cm.step_s("river"), 0.3)
 
 
+def test_a_drafter_of_ones_own_drafts_through_the_one_loop(tiny_llama):
+    """The Drafter protocol (source, begin, step, end): an object of one's own drafts in exact mode, charged and
+    counted under its own name, and the text is the backbone's whatever it proposes (here always token 5)."""
+    class Constant:
+        source = "constant"
+
+        def __init__(self, n_vocab):
+            self.row, self.steps, self.cycles = np.zeros(n_vocab, np.float32), 0, 0
+            self.row[5] = 1.0
+
+        def begin(self, context):
+            self.cycles += 1
+
+        def step(self, tok, pos):
+            self.steps += 1
+            return self.row
+
+        def end(self):
+            pass
+    ex = _llm(tiny_llama, "exact")
+    ex.drafter = d = Constant(ex.n_vocab())
+    ex.modes.draft_k = 3
+    assert _gen(ex, PROMPTS[0], 40) == _gen(_llm(tiny_llama, "backbone"), PROMPTS[0], 40)
+    by = ex.stats()["by_drafter"]
+    assert ex.drafter == "constant" and set(by) == {"constant"} and by["constant"]["drafted"] == d.steps > 0
+    assert d.cycles == by["constant"]["cycles"]
+    with pytest.raises(RiverError, match="unknown drafter"):
+        ex.drafter = object()
+
+
 def test_no_probing_where_no_acceptance_could_pay(tiny_llama):
     """Where a draft costs more than any batch could save (drafts always accepted would still lose), exact mode
     decodes as its backbone and does not try a draft every 16 tokens (the shipped 1.5B weights on an AMD Zen 4
@@ -108,8 +138,8 @@ def test_no_probing_where_no_acceptance_could_pay(tiny_llama):
     for draft_s, probes in ((10.0, False), (5e-5, True)):
         ex = _llm(tiny_llama, "exact")
         cm = CostModel(draft_s=draft_s, verify_s=list(verify), ties=[0.0] * 10)
-        ex._spec.costs = lambda tok, pos: cm
-        ex._spec._acc["river"] = [0.0, 50.0]        # a river that was never right: k = 0 at its acceptance
+        ex.modes.cost_model = cm
+        ex.modes.acceptance_counts["river"] = [0.0, 50.0]        # a river that was never right: k = 0 at its acceptance
         assert _gen(ex, PROMPTS[0], 60) == _gen(_llm(tiny_llama, "backbone"), PROMPTS[0], 60)
         assert (ex.stats()["drafted"] > 0) == probes
 
@@ -148,11 +178,11 @@ def test_drafting_stops_after_an_unsure_draft(tiny_llama):
     for stop in (1.01, None):
         ex = _llm(tiny_llama, "exact")
         cm = CostModel(draft_s=5e-5, verify_s=[0] + [1e-4] * 9, ties=[0.0] * 10)   # drafting pays: k = 8
-        ex._spec.costs = lambda tok, pos, cm=cm: cm
-        ex._spec._acc["river"] = [50.0, 0.0]
-        ex._spec.draft_stop, ex._spec.draft_log = stop, []
+        ex.modes.cost_model = cm
+        ex.modes.acceptance_counts["river"] = [50.0, 0.0]
+        ex.modes.draft_stop, ex.modes.draft_log = stop, []
         assert _gen(ex, PROMPTS[0], 60) == want
-        lens[stop] = [len(conf) for conf, _, _ in ex._spec.draft_log]
+        lens[stop] = [len(conf) for conf, _, _ in ex.modes.draft_log]
     assert {n for n in lens[1.01] if n} == {1}          # cycles at k = 0 (the acceptance fell) log no draft
     assert max(lens[None]) > 1
 
@@ -164,15 +194,15 @@ def test_cost_models_are_per_loading_and_a_probe_cut_by_the_context_is_not_kept(
     from river_edge.runtime import costs
 
     a, b = _llm(tiny_llama, "exact", flash_attn=False), _llm(tiny_llama, "exact", flash_attn=True)
-    assert a._spec._key() != b._spec._key()
+    assert a.modes.key() != b.modes.key()
     costs._COSTS.clear()
-    n_ctx = a._n_ctx
+    n_ctx = a.n_ctx()
     a.create_completion([1] + [(i * 7) % 250 + 3 for i in range(n_ctx - 4)], max_tokens=3, temperature=0)
-    assert costs.cached(a._spec._key()) is None          # measured only 3 positions deep: not kept
+    assert costs.cached(a.modes.key()) is None          # measured only 3 positions deep: not kept
     a.create_completion("hello world", max_tokens=4, temperature=0)
-    cm = costs.cached(a._spec._key())
-    assert cm is not None and len(cm.verify_s) == a._spec.kmax + 2
-    assert costs.cached(b._spec._key()) is None          # not shared with the flash-attention loading
+    cm = costs.cached(a.modes.key())
+    assert cm is not None and len(cm.verify_s) == a.modes.kmax + 2
+    assert costs.cached(b.modes.key()) is None          # not shared with the flash-attention loading
 
 
 def test_a_river_llama_is_freed_with_its_last_reference(tiny_llama, tiny_llama_base):
@@ -191,7 +221,7 @@ def test_a_river_llama_is_freed_with_its_last_reference(tiny_llama, tiny_llama_b
     finally:
         gc.enable()
     m = _llm(tiny_llama, "exact", drafter=str(tiny_llama_base))
-    dm = m._spec.draft_model
+    dm = m.modes.draft_model
     assert dm is not None and dm.llm._stack._exit_callbacks
     m.close()
-    assert m._spec.draft_model is None and not dm.llm._stack._exit_callbacks
+    assert m.modes.draft_model is None and not dm.llm._stack._exit_callbacks

@@ -86,7 +86,7 @@ def test_exact_is_one_token_decoding_over_512_tokens_with_random_k(request, fixt
     ref = RiverLlama(str(path), mode="backbone", n_ctx=1024, n_threads=2)
     ex = RiverLlama(str(path), mode="exact", n_ctx=1024, n_threads=2)
     r = np.random.default_rng(4)
-    ex._spec.fixed_k = lambda: int(r.integers(0, 9))
+    ex.modes.draft_k = lambda: int(r.integers(0, 9))
     prompt = [1, 5, 9, 200, 17]
     # the reference one token at a time: llama-cpp-python's eval of a single token per call
     ref.reset()

@@ -277,13 +277,13 @@ def test_layer_inputs_past_the_exit_are_nan(river_path, tiny_llama, tmp_path):
     get.argtypes, get.restype = [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)
 
     def layer_inputs(m):
-        L = llama_cpp.llama_model_n_layer(m._model.model)
-        n = len(PROMPT) * llama_cpp.llama_model_n_embd(m._model.model)
+        L = llama_cpp.llama_model_n_layer(m.model)
+        n = len(PROMPT) * llama_cpp.llama_model_n_embd(m.model)
         for il in range(L):
-            enable(m._ctx.ctx, il, True)
+            enable(m.ctx, il, True)
         m.reset()
         m.eval(PROMPT)
-        return [np.ctypeslib.as_array(get(m._ctx.ctx, il), shape=(n,)).copy() for il in range(L)]
+        return [np.ctypeslib.as_array(get(m.ctx, il), shape=(n,)).copy() for il in range(L)]
 
     want = layer_inputs(stock(plain(river_path, tmp_path / "backbone.gguf", "backbone")))
     assert not any(np.isnan(x).any() for x in want)
@@ -366,12 +366,12 @@ def test_generation_with_mixed_exits(river_path, ref):
     feed = PROMPT
     for step in range(n_new + 1):
         if step:  # the reference reads llama.cpp's cache: per-step differences do not accumulate
-            load_cache(c, m._ctx.ctx, sliding(ref))
+            load_cache(c, m.ctx, sliding(ref))
         m.eval(feed)
         e, scores = m.last_exit, m.last_scores()
         st = ref.step([(feed, c)], Policy(forced=e))  # the same mixed cache as the runtime's
         # 3: the K/V this step wrote, every layer (backbone up to e, river after)
-        assert_cache_matches(m._ctx.ctx, c, range(c.n - len(feed), c.n), sliding(ref))
+        assert_cache_matches(m.ctx, c, range(c.n - len(feed), c.n), sliding(ref))
         sims = st.sims.min(0).values.numpy()
         scored = [l for l in range(m0, min(e, L - 2) + 1) if tau[l] != INF]   # a layer with tau = inf is not checked
         # 4: the runtime's scores are the reference's for the layers tested, NaN elsewhere
@@ -409,7 +409,7 @@ def test_lagged_rule(river_path, ref):
     toks, feed, prev, exits, rows = list(PROMPT), PROMPT, None, [], []
     for step in range(n_new + 1):
         if step:
-            load_cache(c, m._ctx.ctx, sliding(ref))
+            load_cache(c, m.ctx, sliding(ref))
         m.eval(feed)
         e, scores = m.last_exit, m.last_scores()
         # the decision: the rule on the previous step's scores as read (the first step runs the backbone)
@@ -466,16 +466,16 @@ def test_two_sequence_batch(river_path, ref):
     p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = N_CTX, 64, 64, 2, True  # one ubatch
     p.n_threads = p.n_threads_batch = 2
     p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    with quiet_llama_logs():
+    with quiet_llama_logs():   # the model's own context holds one sequence: a two-sequence one swapped in
         m._ctx = LlamaContext(model=m._model, params=p, verbose=False)
     m.thresholds, m.min_exit_layer = tau, 0
     m.force_exit(None)  # a new context starts on the backbone: the rule only when asked for
     batch = LlamaBatch(n_tokens=64, embd=0, n_seq_max=2, verbose=False)
     batch.add_sequence(a, 0, True)
     batch.add_sequence(b, 1, True)
-    m._ctx.decode(batch)
+    assert llama_cpp.llama_decode(m.ctx, batch.batch) == 0
     n = len(a) + len(b)
-    got = np.array([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(m._ctx.ctx, i), (ref.args.n_vocab,))
+    got = np.array([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(m.ctx, i), (ref.args.n_vocab,))
                     for i in range(n)])
     st = ref.step([(a, ref.new_cache(N_CTX)), (b, ref.new_cache(N_CTX))], Policy(thresholds=tau, min_exit_layer=0))
     lo = torch.minimum(sa, sb)
@@ -598,15 +598,15 @@ def test_changing_controls_between_decodes(river_path):
     m.eval(PROMPT)
     for s, want_e in zip(settings, expect_exit):
         tok = int(np.argmax(m.scores[m.n_tokens - 1]))
-        n = llama_cpp.llama_state_seq_get_size(m._ctx.ctx, 0)
+        n = llama_cpp.llama_state_seq_get_size(m.ctx, 0)
         state = (ctypes.c_uint8 * n)()
-        llama_cpp.llama_state_seq_get_data(m._ctx.ctx, state, n, 0)
+        llama_cpp.llama_state_seq_get_data(m.ctx, state, n, 0)
         for k, v in s.items():
             setattr(m, k, v)
         m.eval([tok])
         assert m.last_exit == want_e, s
         fresh = river(river_path)
-        assert llama_cpp.llama_state_seq_set_data(fresh._ctx.ctx, state, n, 0) == n
+        assert llama_cpp.llama_state_seq_set_data(fresh.ctx, state, n, 0) == n
         fresh.n_tokens = m.n_tokens - 1
         for k, v in s.items():
             setattr(fresh, k, v)
@@ -622,7 +622,7 @@ def test_changing_controls_between_decodes(river_path):
 def test_exact_is_the_backbone(river_path):
     ref = river(river_path, mode="backbone", logits_all=False)
     ex = river(river_path, mode="exact", logits_all=False)
-    ex._spec.fixed_k = 3       # drafts to verify whatever the tiny model's costs say
+    ex.modes.draft_k = 3       # drafts to verify whatever the tiny model's costs say
     for p in (PROMPT, PROMPT[:3]):
         want = [t for _, t in zip(range(40), ref.generate(p, temp=0.0))]
         assert [t for _, t in zip(range(40), ex.generate(p, temp=0.0))] == want

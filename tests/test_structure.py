@@ -136,3 +136,22 @@ def test_the_product_does_not_import_the_measurement_wing():
     assert {m: d for m, d in bad.items() if d} == {}
     assert not {"report", "headline", "longrun", "quality", "upcast", "levers"} & \
         {n.split(".")[-1] for n in graph if n.startswith("river_edge.measure.")}
+
+
+# what of a llama_cpp.Llama is private: reached by river_edge/runtime/decoder.py (the one seam) and llama.py alone
+PRIVATE = r"\._(?:ctx|model|batch|river|n_vocab|n_ctx|input_ids|requires_eval|seed|logits_all|init_sampler|spec)\b"
+
+
+def test_the_decoding_modes_and_the_tests_reach_the_model_through_its_decoder():
+    """The decoding modes (spec, gated, costs, drafters) touch no private attribute of a model: decoder.py is their
+    seam. Tests drive the modes through it and `llm.modes`' declared options; one test swaps in a context of two
+    sequences (the model's own holds one), and says so."""
+    import re
+
+    pat = re.compile(PRIVATE)
+    modes = [ROOT / "river_edge" / "runtime" / f"{m}.py" for m in ("spec", "gated", "costs", "drafters")]
+    assert {f.name: pat.findall(f.read_text()) for f in modes} == {f.name: [] for f in modes}
+    found = {f.name: len(pat.findall(f.read_text())) for f in (ROOT / "tests").glob("test_*.py")
+             if f.name != "test_structure.py"}
+    assert {k: v for k, v in found.items() if v} == {"test_runtime.py": 2}
+    assert pat.search("llm._ctx.decode(b)") and not pat.search("llm.decoder.decode(b)")

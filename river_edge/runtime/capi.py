@@ -8,6 +8,7 @@ import ctypes
 import platform
 
 import llama_cpp
+import numpy as np
 
 from river_edge.format import RiverError
 
@@ -105,3 +106,10 @@ def batch_departing(llm: llama_cpp.Llama, path) -> list[str]:
     ok = invariant_repack()
     return [t.name for t in open_gguf(path).tensors if t.name.startswith("blk.") and t.tensor_type.name not in ok
             and tensor_buft(llm, t.name) == "CPU_REPACK"]
+
+
+def exit_histogram_of(lib, ctx, n_layer: int) -> np.ndarray:
+    """counts[e + 1]: ubatches of context `ctx` that exited after layer e, e = -1..n_layer-1."""
+    buf = (ctypes.c_int64 * (n_layer + 1))()
+    lib.llama_river_get_histogram(ctx, buf, n_layer + 1)
+    return np.array(buf, dtype=np.int64)

@@ -94,10 +94,10 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     """Measured once per process: a river step and backbone batches of 1..kmax+1 at positions pos.. of
     spec's model (removed afterwards), and how far each batch's rows depart from one-token decodes. Restores
     the forced exit to the backbone."""
-    key = spec._key()
+    key, dec = spec.key(), spec.dec
     L = spec.llm.n_layer
     n_full = min(spec.kmax + 1, spec.llm.n_batch)
-    n_max = min(n_full, spec.llm._n_ctx - pos)
+    n_max = min(n_full, spec.llm.n_ctx() - pos)
 
     def t(fn, reps):
         out = []
@@ -105,7 +105,7 @@ def probe(spec, tok: int, pos: int) -> CostModel:
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)
-            spec._rm(pos)
+            dec.remove(pos)
         return float(min(out[1:]))          # min: robust to a shared machine's spikes
 
     # every row of a verification batch against the same position decoded alone (as backbone mode
@@ -119,20 +119,20 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     seq = ([tok] + ctx[::-1] + [tok] * n_max)[:n_max]
 
     def verify_step(n):
-        rows = spec._decode(seq[:n], pos, True)
+        rows = dec.decode(seq[:n], pos, True)
         dev[n] = max(dev[n], max(float(np.abs(rows[i] - single[i]).max()) for i in range(n)))
 
     try:
-        spec._force(-1)
-        draft = t(lambda: spec._decode([tok], pos, False).argmax(), 4)
-        spec._force(L - 1)
+        dec.force_exit(-1)
+        draft = t(lambda: dec.decode([tok], pos).argmax(), 4)
+        dec.force_exit(L - 1)
         for i in range(n_max):
-            single.append(np.array(spec._decode([seq[i]], pos + i, False)[0]))
-        spec._rm(pos)
+            single.append(np.array(dec.decode([seq[i]], pos + i)[0]))
+        dec.remove(pos)
         verify = [0.0] + [t(lambda n=n: verify_step(n), 3) for n in range(1, n_max + 1)]
     finally:
-        spec._force(L - 1)
-        spec._rm(pos)
+        dec.force_exit(L - 1)
+        dec.remove(pos)
     verify = [float(v) for v in np.maximum.accumulate(verify)]   # a bigger batch never costs less: noise
     # a top-2 margin within this of a tie may flip between the batch and a one-token decode: such
     # positions are settled by a one-token decode (x4 headroom over what this probe saw)

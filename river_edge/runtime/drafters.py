@@ -19,10 +19,12 @@ own per-token cost and its own running acceptance, so drafters are compared, not
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from river_edge.format import RiverError
+from river_edge.runtime.decoder import Decoder
 
 NAMED = ("river", "ngram", "ngram-cache", "river+ngram")
 FREE = ("ngram", "ngram-cache")      # drafters that cost no model step
@@ -86,6 +88,44 @@ class NgramCache(Ngram):
         return out
 
 
+class Drafter(Protocol):
+    """A model that drafts one token at a time for exact mode: the river (RiverDraft) or a separate draft model
+    (DraftModel). Prompt lookup (Ngram, NgramCache) proposes whole drafts instead and costs no model step."""
+
+    source: str   # its name in the cost model and the acceptance counts
+
+    def begin(self, context: list[int]) -> None:
+        """Before a cycle's drafts; `context`: the tokens before the one drafted from."""
+
+    def step(self, tok: int, pos: int) -> np.ndarray:
+        """Logits after `tok` at position `pos`."""
+
+    def end(self) -> None:
+        """After a cycle's drafts."""
+
+
+class RiverDraft:
+    """The river: the backbone's own cache, every layer on its 4-bit twin (forced exit -1) while drafting."""
+
+    source = "river"
+
+    def __init__(self, dec: Decoder):
+        self.dec = dec
+
+    def begin(self, context: list[int]) -> None:
+        self.dec.force_exit(-1)
+
+    def step(self, tok: int, pos: int) -> np.ndarray:
+        return self.dec.decode([tok], pos)[0]
+
+    def end(self) -> None:
+        self.dec.force_exit(self.dec.n_layer - 1)
+
+
+# prompt lookup of a drafter name: proposals first, the model's drafts where it has none (river+ngram)
+LOOKUP = {"ngram": Ngram, "ngram-cache": NgramCache, "river+ngram": Ngram}
+
+
 class DraftModel:
     """A separate draft model in its own llama.cpp context (stock: its graph has no river). Before each
     cycle its cache is brought to the accepted tokens (common prefix kept, the rest decoded in one batch);
@@ -102,26 +142,29 @@ class DraftModel:
         cp = main.context_params
         with quiet_llama_logs():
             try:
-                self.llm = llama_cpp.Llama(str(path), n_ctx=main._n_ctx, n_batch=main.n_batch, n_threads=cp.n_threads,
+                self.llm = llama_cpp.Llama(str(path), n_ctx=main.n_ctx(), n_batch=main.n_batch, n_threads=cp.n_threads,
                                            n_threads_batch=cp.n_threads_batch, verbose=False)
             except ValueError as e:
                 raise RiverError(f"draft model {path}: llama.cpp cannot load it ({e})") from None
-        self.path = path
-        if self.llm._n_vocab != main._n_vocab or any(
-                self.llm._model.token_get_text(i) != main._model.token_get_text(i)
-                for i in range(0, main._n_vocab, max(1, main._n_vocab // 512))):
+        self.path, self.source = path, f"model:{path}"
+        self.dec, ours = Decoder(self.llm), main.decoder
+        if self.dec.n_vocab != ours.n_vocab or any(self.dec.token_text(i) != ours.token_text(i)
+                                                   for i in range(0, ours.n_vocab, max(1, ours.n_vocab // 512))):
             raise RiverError(f"draft model {path}: its vocabulary is not {main.model_path}'s "
-                             f"({self.llm._n_vocab} vs {main._n_vocab} tokens)")
+                             f"({self.dec.n_vocab} vs {ours.n_vocab} tokens)")
         self.toks: list[int] = []      # what its cache holds, position by position
 
     def close(self) -> None:
         self.llm.close()
 
     def _decode(self, toks: list[int], pos: int) -> np.ndarray:
-        m = self.llm
-        m._batch.set_batch(batch=toks, n_past=pos, logits_all=False)
-        m._ctx.decode(m._batch)
-        return np.ctypeslib.as_array(m._ctx.get_logits(), shape=(1, m._n_vocab))[0]
+        return self.dec.decode(toks, pos)[0]
+
+    def begin(self, context: list[int]) -> None:
+        self.prepare(context)
+
+    def end(self) -> None:
+        pass
 
     def prepare(self, context: list[int]) -> None:
         """Make its cache hold exactly `context` (the tokens before the one to draft from)."""
@@ -130,7 +173,7 @@ class DraftModel:
             if a != b:
                 break
             keep += 1
-        self.llm._ctx.kv_cache_seq_rm(0, keep, -1)
+        self.dec.remove(keep)
         self.toks = self.toks[:keep]
         rest = list(context[keep:])
         for i in range(0, len(rest), self.llm.n_batch):
@@ -138,20 +181,20 @@ class DraftModel:
             self._decode(chunk, len(self.toks))
             self.toks += chunk
 
-    def step(self, tok: int) -> np.ndarray:
-        """Logits after `tok`, appended at the end of its cache."""
+    def step(self, tok: int, pos: int | None = None) -> np.ndarray:
+        """Logits after `tok`, appended at the end of its cache (its own positions: `pos` is the main model's)."""
         row = self._decode([int(tok)], len(self.toks))
         self.toks.append(int(tok))
         return row
 
 
-def resolve(drafter, main) -> tuple[str, DraftModel | None]:
-    """(name, draft model): a drafter name, or a GGUF path for a separate draft model."""
-    if isinstance(drafter, DraftModel):
+def resolve(drafter, main) -> tuple[str, Drafter | None]:
+    """(name, draft model): a drafter name, a GGUF path for a separate draft model, or any Drafter."""
+    if all(hasattr(drafter, a) for a in ("source", "begin", "step", "end")):   # a DraftModel, or one's own
         return "model", drafter
     if isinstance(drafter, str) and drafter.lower() in NAMED:
         return drafter.lower(), None
     if isinstance(drafter, (str, Path)) and str(drafter).endswith(".gguf"):
         return "model", DraftModel(drafter, main)
-    raise RiverError(f"unknown drafter {drafter!r}: use {', '.join(NAMED)} or the path of a draft model GGUF")
+    raise RiverError(f"unknown drafter {drafter!r}: use {', '.join(NAMED)}, the path of a draft model GGUF or a Drafter")
 

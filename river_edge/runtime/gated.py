@@ -13,44 +13,44 @@ def gated(spec, tokens: list[int], kw: dict, me: int):
     """River step per token; when its entropy >= the gate the backbone re-decodes the position.
     The token comes from llama.cpp's own sampler chain (all settings supported), so gate 0 gives
     the backbone's output and gate +inf the all-river output, seed for seed."""
-    llm, st = spec.llm, spec.st
+    llm, st, dec = spec.llm, spec.st, spec.dec
     L = llm.n_layer
     kw = dict(kw)
     stop = kw.pop("stopping_criteria", None)
     reset = kw.pop("reset", True)
     kw.pop("penalize_nl", None)
-    sampler = llm._init_sampler(**{k: v for k, v in kw.items() if k in (
+    sampler = dec.sampler(**{k: v for k, v in kw.items() if k in (
         "top_k", "top_p", "min_p", "typical_p", "temp", "repeat_penalty", "frequency_penalty",
         "presence_penalty", "tfs_z", "mirostat_mode", "mirostat_eta", "mirostat_tau",
         "logits_processor", "grammar")})
-    row = spec._prompt(tokens, reset)
-    n = llm.n_tokens
-    pending = sampler.sample(llm._ctx, -1)   # the first token from the backbone's prompt logits
+    row = spec.prompt(tokens, reset)
+    n, n_ctx = llm.n_tokens, llm.n_ctx()
+    pending = dec.sample(sampler)   # the first token from the backbone's prompt logits
     if stop is not None and stop(llm.input_ids[:n], row):
         return
     yield pending
-    if n < llm._n_ctx:
+    if n < n_ctx:
         llm.input_ids[n] = pending
     gate = spec.gate
     try:
-        while n < llm._n_ctx:
-            spec._force(-1)
-            row = spec._decode([pending], n, False)[0]
+        while n < n_ctx:
+            dec.force_exit(-1)
+            row = dec.decode([pending], n)[0]
             st.river_steps += 1
             if gate <= 0 or (gate < math.inf and entropy(row) >= gate):
-                spec._force(L - 1)
-                spec._rm(n)
-                row = spec._decode([pending], n, False)[0]
+                dec.force_exit(L - 1)
+                dec.remove(n)
+                row = dec.decode([pending], n)[0]
                 st.fallbacks += 1
             llm.input_ids[n] = pending
             llm.n_tokens = n + 1
-            tok = sampler.sample(llm._ctx, -1)
+            tok = dec.sample(sampler)
             if stop is not None and stop(llm.input_ids[: n + 1], np.array(row)):
                 return
             yield tok
             pending, n = tok, n + 1
-            if n < llm._n_ctx:
+            if n < n_ctx:
                 llm.input_ids[n] = pending
     finally:
         if spec.owns(me):   # a stream closed after a later call took the model leaves it alone (Spec.owns)
-            spec._force(L - 1)
+            dec.force_exit(L - 1)

@@ -18,8 +18,8 @@ from jinja2 import TemplateError
 
 from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
-from river_edge.runtime.capi import _lib, batch_departing, model_params, tensor_buft
-from river_edge.runtime.context import RiverContext, exit_histogram_of
+from river_edge.runtime.capi import _lib, batch_departing, exit_histogram_of, model_params, tensor_buft
+from river_edge.runtime.decoder import Decoder
 from river_edge.runtime.inputs import check_grammar, check_tokens, token_cap
 
 
@@ -102,9 +102,11 @@ class RiverLlama(llama_cpp.Llama):
         self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
         from river_edge.runtime.spec import Spec  # decoding modes (river_edge/runtime/spec.py)
 
+        self.decoder = Decoder(self)   # the model as the decoding modes see it (decoder.py)
         # the mode first (it sets the forced exit: the runtime's own default is the backbone), then the
-        # settings over it; `mode` wins over `forced_exit`
-        self._spec = Spec(self, mode, gate)
+        # settings over it; `mode` wins over `forced_exit`. `modes`: the decoding modes' machinery, whose options
+        # (draft_k, draft_stop, draft_log, cost_model, kmax) tests and benchmarks set
+        self.modes = Spec(self, mode, gate)
         if thresholds is not None:
             self.thresholds = thresholds
         if min_exit_layer is not None:
@@ -136,11 +138,11 @@ class RiverLlama(llama_cpp.Llama):
         be reused."""
         if not self.has_river or not self.river_enabled:
             return ("backbone", self.batch_invariant)
-        mode = self._spec.mode
+        mode = self.modes.mode
         if mode in F.LOSSLESS_MODES:
             return ("backbone", self.batch_invariant)
         if mode == "gated":
-            return ("gated", self._spec.gate, self.river_head)
+            return ("gated", self.modes.gate, self.river_head)
         e = self.forced_exit
         if e is None:
             return ("rule", tuple(self.thresholds), self.min_exit_layer, self._decide)
@@ -175,43 +177,44 @@ class RiverLlama(llama_cpp.Llama):
 
     def _set_invariance(self) -> None:
         if self._river:
-            on = self._invariant if self._invariant is not None else self._spec.mode in F.LOSSLESS_MODES
+            on = self._invariant if self._invariant is not None else self.modes.mode in F.LOSSLESS_MODES
             self._river.llama_set_batch_invariant(self._ctx.ctx, on)
 
     # -- decoding modes: exact, gated, river, fast, backbone (river_edge/runtime/spec.py) ---------------
     @property
     def mode(self) -> str:
-        return self._spec.mode
+        return self.modes.mode
 
     @mode.setter
     def mode(self, m: str) -> None:
-        self._spec.mode = m
+        self.modes.mode = m
+        self._sync_cache()   # once, under the new mode: e.g. river K/V left by fast mode must not feed exact mode
 
     @property
     def gate(self) -> float:
         """The gated mode's entropy gate (nats): the backbone re-decodes a position at river entropy >= gate."""
-        return self._spec.gate
+        return self.modes.gate
 
     @gate.setter
     def gate(self, g: float) -> None:
-        self._spec.gate = F.check_gate(g)
+        self.modes.gate = F.check_gate(g)
         self._sync_cache()
 
     @property
     def drafter(self) -> str:
         """Who drafts in exact mode: river, ngram, river+ngram, or the path of a separate draft model."""
-        return self._spec.drafter
+        return self.modes.drafter
 
     @drafter.setter
     def drafter(self, d) -> None:
-        self._spec.drafter = d
+        self.modes.drafter = d
 
     def generate(self, tokens, **kw):
         check_tokens(tokens, self._n_vocab, "tokens")
         if kw.get("grammar") is not None:
             check_grammar(self, kw["grammar"]._grammar)
         self._sync_cache()
-        return self._spec.generate(tokens, super().generate, kw)
+        return self.modes.generate(tokens, super().generate, kw)
 
     def _create_completion(self, *args, **kw):
         kw["stopping_criteria"] = token_cap(kw.get("max_tokens", 16), kw.get("stopping_criteria"))
@@ -220,7 +223,7 @@ class RiverLlama(llama_cpp.Llama):
     def end_streams(self) -> None:
         """Close the streams callers left open, now rather than whenever the garbage collector gets to them (a late
         close is harmless: a stream's cleanup touches the model only while no later call has taken it)."""
-        self._spec.end_streams()
+        self.modes.end_streams()
 
     # A saved state (set_cache's prompt caches) carries its K/V's contract; another's is not loaded (decoded afresh)
     def save_state(self):
@@ -240,14 +243,23 @@ class RiverLlama(llama_cpp.Llama):
         return super().detokenize(tokens, *args, **kw)
 
     def close(self) -> None:
-        if getattr(self, "_spec", None) is not None:
-            self._spec.close_draft()
+        if getattr(self, "modes", None) is not None:
+            self.modes.close_draft()
         super().close()
 
     def stats(self) -> dict:
         """Telemetry of the decoding mode since it was set: tokens, tok/s, acceptance rate, mean draft
         length and cost model (exact), fallback rate (gated); the latest call's first-to-last-token seconds."""
-        return self._spec.stats()
+        return self.modes.stats()
+
+    @property
+    def extra_bufts(self) -> bool:
+        """Weights may sit in ggml's extra buffer types (AMX, CPU_REPACK), as loaded."""
+        return self._extra_bufts
+
+    @property
+    def rpc_servers(self) -> str | None:
+        return self._rpc_servers
 
     def tensor_buft(self, name: str) -> str | None:
         """The ggml buffer type holding a weight of this model (see `tensor_buft`)."""
@@ -364,28 +376,6 @@ class RiverLlama(llama_cpp.Llama):
         if lib.llama_river_set_head(ctx, bool(on)) != 0:
             raise RiverError(f"{self.model_path}: has no river LM head (river.output.weight); rebuild with `river build`")
         self._sync_cache()
-
-    def batch_context(self, n_seq: int, n_ctx: int, n_batch: int):
-        """A second llama_context on this model for n_seq sequences in one KV cache: this one's parameters
-        (threads, flash attention, K/V types) and river settings (thresholds, min exit layer, head, decision),
-        with the rule deciding; for measuring batched decoding beside this context's own."""
-        from llama_cpp._internals import LlamaContext
-
-        from river_edge.tokenizer import quiet_llama_logs
-
-        lib, _ = self._need_river()
-        p = llama_cpp.llama_context_params.from_buffer_copy(self.context_params)
-        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max, p.kv_unified = n_ctx, n_batch, n_batch, n_seq, True
-        with quiet_llama_logs():
-            ctx = LlamaContext(model=self._model, params=p, verbose=False)
-        c, tau = ctx.ctx, self.thresholds
-        lib.llama_river_set_thresholds(c, (ctypes.c_float * len(tau))(*tau), len(tau))
-        lib.llama_river_set_min_exit_layer(c, self.min_exit_layer)
-        if self.has_river_head:
-            lib.llama_river_set_head(c, self.river_head)
-        lib.llama_river_set_enabled(c, True)
-        lib.llama_river_set_forced_exit(c, F.EXIT_LAGGED if self._decide == "lagged" else F.EXIT_RULE)
-        return RiverContext(ctx, lib, self.n_layer, self._n_vocab)
 
     # -- telemetry -----------------------------------------------------------------------------
     @property

@@ -75,7 +75,7 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.runtime.costs import CostModel, cached, probe
-from river_edge.runtime.drafters import FREE, Ngram, NgramCache, resolve
+from river_edge.runtime.drafters import LOOKUP, Drafter, RiverDraft, resolve
 from river_edge.runtime.gated import gated
 from river_edge.format import MODES, RiverError
 from river_edge.runtime.sampling import Transform, agree, margin, processed_probs, scores, top1_prob
@@ -127,20 +127,24 @@ class Spec:
     """The mode machinery of one RiverLlama."""
 
     def __init__(self, llm, mode: str | None, gate: float | None, kmax: int = KMAX):
-        # weakly: llm._spec -> Spec -> llm would keep the weights and KV cache alive until a full gc pass
+        # weakly: llm.modes -> Spec -> llm would keep the weights and KV cache alive until a full gc pass
         self._llm = weakref.ref(llm)
+        self.dec = llm.decoder   # the model as the modes see it (decoder.py)
         self.kmax = int(kmax)
         self._mode = F.default_mode(llm.has_river)
         self.gate = F.check_gate(gate) if gate is not None else self.stored_gate()
         self.st = Stats(mode=self._mode)
-        self._acc: dict[str, list[float]] = {}   # per drafter: decayed accepted / rejected counts
+        # per draft source: decayed [accepted, rejected] counts, the running acceptance the cost model reads
+        self.acceptance_counts: dict[str, list[float]] = {}
         self.drafter_name, self.draft_model = "river", None
         self._zero_run = 0
-        # tests and benchmarks: draft exactly this many (no cost model), or a callable drawing k per cycle
-        self.fixed_k: int | Callable[[], int] | None = None
-        # bench/levers.py: when a list, every cycle appends (top-1 probability of each draft, judged, agreed)
+        # draft exactly this many per cycle instead of the cost model's k (or a callable drawing k per cycle:
+        # tests sweep k with it, as bench/levers.py fixes it)
+        self.draft_k: int | Callable[[], int] | None = None
+        # when a list, every cycle appends (top-1 probability of each draft, drafts judged, drafts agreed)
         self.draft_log: list | None = None
         self.draft_stop: float | None = DRAFT_STOP   # None: draft the cost model's k whatever the confidence
+        self._cost_model: CostModel | None = None
         self._epoch, self._streams = 0, weakref.WeakSet()   # stream ownership (owns(), below)
         self._threads_on = False
         self.mode = mode if mode is not None else self._mode
@@ -152,8 +156,7 @@ class Spec:
     # -- mode ------------------------------------------------------------------------------------
     def stored_gate(self) -> float:
         """river.gate_entropy as the loader read it (an f32 key under validate()'s rule, or the file is refused)."""
-        llm = self.llm
-        v = llm._river.llama_model_river_gate(llm._model.model) if llm.has_river else math.nan
+        v = self.dec.stored_gate() if self.llm.has_river else math.nan
         return DEFAULT_GATE if math.isnan(v) else v
 
     @property
@@ -162,25 +165,23 @@ class Spec:
 
     @mode.setter
     def mode(self, m: str) -> None:
+        """The mode's river settings, without a cache check each: RiverLlama's mode setter makes the one check."""
         if m not in MODES:
             raise RiverError(f"unknown mode {m!r}: use one of {', '.join(MODES)}")
         llm = self.llm
         if m != "backbone" and not llm.has_river:
             raise RiverError(f"mode {m!r} needs a river GGUF; {llm.model_path} has no river tensors")
-        if llm.has_river:   # the river's settings without a cache check each: one below, under the new mode
-            llm._river.llama_river_set_enabled(llm._ctx.ctx, True)
+        if llm.has_river:
+            self.dec.enable_river()
             llm.force_exit({"river": None, "fast": -1}.get(m, llm.n_layer - 1))
         self._mode = m
         self.st = Stats(mode=m)
-        llm._sync_cache()   # e.g. river K/V left by fast mode must not feed exact mode
-
-    def _force(self, e: int) -> None:
-        self.llm._river.llama_river_set_forced_exit(self.llm._ctx.ctx, e)
 
     # -- stats -----------------------------------------------------------------------------------
     @property
     def drafter(self) -> str:
-        return str(self.draft_model.path) if self.draft_model is not None else self.drafter_name
+        dm = self.draft_model
+        return (str(getattr(dm, "path", "")) or dm.source) if dm is not None else self.drafter_name
 
     @drafter.setter
     def drafter(self, d) -> None:
@@ -198,17 +199,31 @@ class Spec:
             self.draft_model.close()
         self.draft_model, self._owns_draft = None, False
 
-    def _source(self, name: str) -> str:
-        """The cost model's and the acceptance's name of a draft source."""
-        return f"model:{self.draft_model.path}" if name == "model" else name
+    def _model_drafter(self) -> Drafter | None:
+        """Who drafts when prompt lookup does not: a separate draft model, the river, or nobody (lookup alone)."""
+        if self.draft_model is not None:
+            return self.draft_model
+        return RiverDraft(self.dec) if self.drafter_name in ("river", "river+ngram") else None
 
     def acceptance_of(self, src: str = "river") -> float:
-        A, R = self._acc.get(src, (0.0, 0.0))
+        A, R = self.acceptance_counts.get(src, (0.0, 0.0))
         return (A + 1.6) / (A + R + 2.0)   # prior 0.8 worth 2 tokens
 
     @property
     def acceptance(self) -> float:
-        return self.acceptance_of(self._source(self.drafter_name.split("+")[0]))
+        d = self._model_drafter()
+        return self.acceptance_of(d.source if d is not None else self.drafter_name)
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        """The cost model exact mode chooses k with: measured on first use (per process, model file and setup: one
+        measurement serves every model loaded alike) and kept current from the cycles' own timings. One assigned
+        here serves this model alone (None: the measured one again)."""
+        return self._cost_model or cached(self.key())
+
+    @cost_model.setter
+    def cost_model(self, cm: CostModel | None) -> None:
+        self._cost_model = cm
 
     def stats(self) -> dict:
         s = self.st
@@ -223,7 +238,7 @@ class Spec:
                      tokens_per_cycle=s.tokens / s.cycles if s.cycles else 0.0,
                      running_acceptance=self.acceptance, spec_off=s.spec_off, settled_ties=s.settled,
                      rejected_cycles=s.rejected, batch_invariant=self.llm.batch_invariant)
-            cm = cached(self._key())
+            cm = self.cost_model
             if cm is not None:
                 d["cost_model"] = cm.as_dict()
         if s.mode == "gated":
@@ -236,41 +251,20 @@ class Spec:
         self.st = Stats(mode=self._mode)
 
     # -- low level -------------------------------------------------------------------------------
-    def _key(self):
+    def key(self):
         """The cost model's key: what changes a step's cost or a batch row's arithmetic (its tie bound), so that
         two models of one file loaded differently never share one; and which head drafts."""
         llm = self.llm
-        cp, mp = llm.context_params, llm.model_params
-        setup = tuple(getattr(cp, f) for f in ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "type_k",
-                                              "type_v", "flash_attn_type", "offload_kqv", "op_offload", "swa_full"))
-        setup += tuple(getattr(mp, f) for f in ("n_gpu_layers", "split_mode", "main_gpu"))
-        return (str(llm.model_path), setup, llm._extra_bufts, llm._rpc_servers, llm.has_river and llm.river_head,
-                llm.batch_invariant)
-
-    def _decode(self, toks, pos: int, all_logits: bool) -> np.ndarray:
-        """Decode toks at pos.. (seq 0) and return the logits rows (a view: copy before the next decode)."""
-        llm = self.llm
-        llm._batch.set_batch(batch=toks, n_past=pos, logits_all=all_logits)
-        llm._ctx.decode(llm._batch)
-        n = len(toks) if all_logits else 1
-        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n, llm._n_vocab))
+        return (str(llm.model_path), self.dec.setup(), llm.extra_bufts, llm.rpc_servers,
+                llm.has_river and llm.river_head, llm.batch_invariant)
 
     def _decode_threads(self, on: bool) -> None:
-        """Drafts and verification batches are decoding, so they run on the decode threads. llama.cpp gives any
-        batch of 2+ tokens n_threads_batch (meant for prefill: llama-cpp-python's default is every core); on a busy
-        machine those extra spinning threads made each verification hundreds of times slower, and the cost model
-        then never drafted again. Off: the context's own setting back, for the next prompt."""
-        llm = self.llm
-        cp = llm.context_params
-        llama_cpp.llama_set_n_threads(llm._ctx.ctx, cp.n_threads, cp.n_threads if on else cp.n_threads_batch)
+        self.dec.decode_threads(on)
         self._threads_on = on
-
-    def _rm(self, p0: int) -> None:
-        self.llm._ctx.kv_cache_seq_rm(0, p0, -1)   # sequence 0 only: the one generate() decodes
 
     def costs(self, tok: int, pos: int) -> CostModel:
         """The cost model of this model and thread count: probed once per process (costs.probe)."""
-        return cached(self._key()) or probe(self, tok, pos)
+        return self.cost_model or probe(self, tok, pos)
 
     # -- generate --------------------------------------------------------------------------------
     def unsupported(self, kw: dict) -> str | None:
@@ -279,7 +273,7 @@ class Spec:
             (kw.get("temp", 0.8) > 0 and kw.get("typical_p", 1.0) < 1.0, "typical_p"),
             (kw.get("temp", 0.8) > 0 and kw.get("mirostat_mode", 0) != 0, "mirostat"),
             (kw.get("grammar") is not None, "grammar"),
-            (llm._logits_all, "logits_all (logprobs)"),
+            (self.dec.logits_all, "logits_all (logprobs)"),
             (llm.draft_model is not None, "draft_model"),
         ]
         bad = [name for cond, name in checks if cond]
@@ -290,7 +284,7 @@ class Spec:
         if mode not in F.LOOP_MODES or not len(tokens):
             return self._timed(lambda me: base_generate(tokens, **kw))
         # exact: what the loop cannot sample exactly; gated: it never fills the logits of every position
-        why = self.unsupported(kw) if mode == "exact" else ("logits_all (logprobs)" if self.llm._logits_all else None)
+        why = self.unsupported(kw) if mode == "exact" else ("logits_all (logprobs)" if self.dec.logits_all else None)
         self.st.spec_off = why   # this call's: a later call that does speculate clears it
         if why:
             return self._timed(lambda me: base_generate(tokens, **kw))
@@ -314,7 +308,7 @@ class Spec:
     def _claim(self) -> int:
         self._epoch += 1
         if self._mode in F.LOOP_MODES:   # what an abandoned stream of theirs may have left: a river exit
-            self._force(self.llm.n_layer - 1)
+            self.dec.force_exit(self.llm.n_layer - 1)
         if self._threads_on:                    # and the batch threads
             self._decode_threads(False)
         return self._epoch
@@ -341,46 +335,45 @@ class Spec:
         finally:
             gen.close()
 
-    def _prompt(self, tokens: list[int], reset: bool) -> np.ndarray:
+    def prompt(self, tokens: list[int], reset: bool) -> np.ndarray:
         """Evaluate the prompt on the backbone exactly as backbone mode (Llama.generate) does: the cached
         prefix reused up to the last prompt token, the rest by Llama.eval in n_batch chunks. Returns the
         logits of the last prompt position (a copy); llm.n_tokens is then the first free position."""
-        llm = self.llm
-        # the context's last logits will be whichever row this loop decoded last (a rejected draft's, say), not
-        # the last token's: llama-cpp-python's generate must not sample from them on an exact prompt-cache hit
-        llm._requires_eval = True
+        llm, dec = self.llm, self.dec
+        # the context's last logits will be whichever row this loop decoded last (a rejected draft's, say)
+        dec.logits_stale()
         keep = 0
         if reset and llm.n_tokens > 0:
-            for a, b in zip(llm._input_ids, tokens[:-1]):
+            for a, b in zip(llm.input_ids[:llm.n_tokens], tokens[:-1]):
                 if a != b:
                     break
                 keep += 1
         elif not reset:
             keep = llm.n_tokens
-            tokens = list(llm._input_ids) + tokens
-        if len(tokens) > llm._n_ctx:
-            raise RiverError(f"prompt of {len(tokens)} tokens does not fit the context of {llm._n_ctx}")
+            tokens = list(llm.input_ids[:llm.n_tokens]) + tokens
+        if len(tokens) > llm.n_ctx():
+            raise RiverError(f"prompt of {len(tokens)} tokens does not fit the context of {llm.n_ctx()}")
         llm.n_tokens = keep
-        self._rm(keep)
-        self._force(llm.n_layer - 1)
+        dec.remove(keep)
+        dec.force_exit(llm.n_layer - 1)
         # Llama.eval's chunks (n_batch, logits of each chunk's last token), but on sequence 0 alone: eval
         # clears every sequence's cells past n_tokens
         rest = tokens[keep:]
         for i in range(0, len(rest), llm.n_batch):
             chunk = rest[i:i + llm.n_batch]
-            row = self._decode(chunk, llm.n_tokens, False)[0]
+            row = dec.decode(chunk, llm.n_tokens)[0]
             llm.input_ids[llm.n_tokens:llm.n_tokens + len(chunk)] = chunk
             llm.n_tokens += len(chunk)
         return np.array(row)
 
     def _cut(self, n: int) -> None:
         self.llm.n_tokens = n
-        self._rm(n)
+        self.dec.remove(n)
 
     def _seed(self) -> int:
         """This call's sampling seed, as llama.cpp takes it: a uint32 (-1 is 0xFFFFFFFF), LLAMA_DEFAULT_SEED meaning a
         random one (drawn per call, as llama.cpp's sampler is made per call in the other modes)."""
-        s = int(self.llm._seed) & 0xFFFFFFFF
+        s = self.dec.seed
         return secrets.randbits(32) if s == llama_cpp.LLAMA_DEFAULT_SEED else s
 
     def _exact(self, tokens: list[int], kw: dict, me: int):
@@ -401,12 +394,11 @@ class Spec:
                 return rows, rows.argmax(1)
             s = np.stack([scores(processed_probs(r, **sp), seed, pos + i) for i, r in enumerate(rows)])
             return s, s.argmax(1)
-        vocab = llm._model.vocab
-        is_eog = llama_cpp.llama_vocab_is_eog
+        dec = self.dec
         tf = Transform(kw, llm.last_n_tokens_size)
         gen: list[int] = []          # tokens generated in this call: the penalties' window
-        row = self._prompt(tokens, kw.get("reset", True))
-        n, n_ctx = llm.n_tokens, llm._n_ctx
+        row = self.prompt(tokens, kw.get("reset", True))
+        n, n_ctx = llm.n_tokens, llm.n_ctx()
         # the first token from the prompt's own logits, as backbone mode takes it
         row = tf(row, llm.input_ids[:n], gen) if tf else row
         pending = int(choose(row[None], n)[1][0])
@@ -420,16 +412,16 @@ class Spec:
         self._decode_threads(True)
         try:
             cm = self.costs(pending, n)
-            ngram = (NgramCache if self.drafter_name == "ngram-cache" else Ngram)(llm.input_ids[:n + 1]) \
-                if "ngram" in self.drafter_name else None
+            drafter = self._model_drafter()
+            lookup = LOOKUP.get(self.drafter_name)
+            ngram = lookup(llm.input_ids[:n + 1]) if lookup is not None else None
             while n < n_ctx:
-                src, cands = self._source(self.drafter_name.split("+")[0]), None
-                if ngram is not None:
-                    cands = ngram.propose(self.kmax)
-                    if cands or self.drafter_name in FREE:
-                        src = self.drafter_name if self.drafter_name in FREE else "ngram"
+                # prompt lookup's proposals where it has some (or where it drafts alone), else the model's drafts
+                cands = ngram.propose(self.kmax) if ngram is not None else None
+                free = cands is not None and (bool(cands) or drafter is None)
+                src = (self.drafter_name if drafter is None else "ngram") if free else drafter.source
                 k = cm.best_k(self.acceptance_of(src), self.kmax, src)
-                if k == 0 and src not in FREE:
+                if k == 0 and not free:
                     self._zero_run += 1
                     # probe now and then: the acceptance may have changed; rarely where even drafts that are
                     # always accepted would not pay at the measured costs (a probe there is pure loss)
@@ -437,34 +429,29 @@ class Spec:
                         k, self._zero_run = 1, 0
                 else:
                     self._zero_run = 0
-                if self.fixed_k is not None:
-                    k = self.fixed_k() if callable(self.fixed_k) else self.fixed_k
-                if cands is not None and src in FREE:
+                if self.draft_k is not None:
+                    k = self.draft_k() if callable(self.draft_k) else self.draft_k
+                if free:
                     k = min(k, len(cands))
                 # the verification batch (k + 1 tokens) must fit the context and llama.cpp's n_batch
                 k = max(0, min(k, n_ctx - n - 1, llm.n_batch - 1))
                 drafts, conf = [], []
-                if k and src in FREE:           # free drafts: proposals the backbone's choice keeps or not
+                if k and free:           # free drafts: proposals the backbone's choice keeps or not
                     for d in cands[:k]:
                         drafts.append(int(d))
-                        if is_eog(vocab, int(d)):
+                        if dec.is_eog(d):
                             break
                 elif k:
-                    if self.draft_model is not None:
-                        dm = self.draft_model
-                        # catching up on the tokens accepted since it last drafted is one batch, not a per-token
-                        # cost: charged to a draft token it would keep a draft model that fell behind at k = 0
-                        dm.prepare(list(llm.input_ids[:n]))
-                        step = lambda x, i: dm.step(x)  # noqa: E731
-                    else:                   # the river, writing cells n..n+k-1 of the shared cache
-                        self._force(-1)
-                        step = lambda x, i: self._decode([x], n + i, False)[0]  # noqa: E731
+                    # a draft model catches up on the tokens accepted since it last drafted (one batch, not a
+                    # per-token cost: charged to a draft token it would keep one that fell behind at k = 0); the
+                    # river writes cells n..n+k-1 of the shared cache
+                    drafter.begin(list(llm.input_ids[:n]))
                     x = pending
                     # k as chosen, unless a draft the model is unsure of comes first (not with a fixed k)
-                    unsure = self.draft_stop if self.draft_stop is not None and self.fixed_k is None else 0.0
+                    unsure = self.draft_stop if self.draft_stop is not None and self.draft_k is None else 0.0
                     t0 = time.perf_counter()
                     for i in range(k):
-                        row = step(x, i)
+                        row = drafter.step(x, n + i)
                         if tf:   # the draft sees the history it would have: acceptance stays high
                             row = tf(row, [*llm.input_ids[:n + 1], *drafts], gen + drafts)
                         c = top1_prob(row) if unsure or self.draft_log is not None else 1.0
@@ -473,15 +460,15 @@ class Spec:
                         d = int(choose(row[None], n + 1 + i)[1][0])   # on the noise the backbone will use there
                         drafts.append(d)
                         x = d
-                        if is_eog(vocab, d) or c < unsure:
+                        if dec.is_eog(d) or c < unsure:
                             break
                     cm.observe(0, (time.perf_counter() - t0) / len(drafts), src)
-                    self._force(L - 1)
+                    drafter.end()
                 # -- verify on the backbone: positions n..n+len(drafts), replacing the river's cells
-                self._rm(n)
+                dec.remove(n)
                 t0 = time.perf_counter()
                 batch = [pending] + drafts
-                rows = self._decode(batch, n, True)
+                rows = dec.decode(batch, n, True)
                 cm.observe(len(batch), time.perf_counter() - t0)
                 if tf:   # row i: the history through batch[i], as the sampler would have it there
                     base = list(llm.input_ids[:n + 1])
@@ -501,8 +488,8 @@ class Spec:
                     # as backbone mode does, and let that row decide (the rows before it stand)
                     st.settled += 1
                     rows = np.array(rows[:tie + 1])
-                    self._rm(n + tie)
-                    rows[tie] = self._decode([batch[tie]], n + tie, False)[0]
+                    dec.remove(n + tie)
+                    rows[tie] = dec.decode([batch[tie]], n + tie)[0]
                     if tf:
                         rows[tie] = at(tie, rows[tie])
                     j, out = tie, drafts[:tie] + [int(choose(rows[tie:tie + 1], n + 1 + tie)[1][0])]
@@ -514,12 +501,12 @@ class Spec:
                 keep = n + 1 + j
                 llm.input_ids[n:keep] = batch[: j + 1]
                 llm.n_tokens = keep
-                self._rm(keep)
+                dec.remove(keep)
                 st.cycle(src, k, judged, agreed)
                 if self.draft_log is not None:
                     self.draft_log.append((conf, judged, agreed))
-                A, R = self._acc.get(src, (0.0, 0.0))
-                self._acc[src] = [0.9 * A + agreed, 0.9 * R + (agreed < judged)]
+                A, R = self.acceptance_counts.get(src, (0.0, 0.0))
+                self.acceptance_counts[src] = [0.9 * A + agreed, 0.9 * R + (agreed < judged)]
                 if stop is not None:
                     rows = np.array(rows[: j + 1])
                 for i, tok in enumerate(out):
@@ -543,5 +530,5 @@ class Spec:
                     llm.input_ids[n] = pending
         finally:
             if self.owns(me):
-                self._force(L - 1)
+                dec.force_exit(L - 1)
                 self._decode_threads(False)

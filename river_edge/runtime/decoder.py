@@ -1,0 +1,107 @@
+"""The model as the decoding modes see it (spec.py, gated.py, costs.py, a draft model): one sequence of cells.
+
+Decode tokens at a position and read their logits, remove cells from a position on, force the river's exit for
+the next decodes, and switch the decode threads; plus the few things of llama-cpp-python's Llama that its own
+generate() shares with the modes (the sampler, the seed, whether the context's logits are stale). RiverLlama holds
+one (`llm.decoder`), a draft model another; the modes reach the model only through it, and tests drive them
+through it too. This is the one place that touches llama-cpp-python's private state.
+"""
+from __future__ import annotations
+
+import weakref
+
+import llama_cpp
+import numpy as np
+
+
+class Decoder:
+    """Sequence 0 of a Llama's context (a RiverLlama's, or a stock one's for a draft model)."""
+
+    def __init__(self, llm):
+        self._llm = weakref.ref(llm)   # the model owns its decoder, not the other way round
+        self.n_vocab = int(llm._n_vocab)
+        self.n_layer = int(llama_cpp.llama_model_n_layer(llm._model.model))
+
+    @property
+    def llm(self):
+        return self._llm()
+
+    # -- cells -----------------------------------------------------------------------------------
+    def decode(self, toks, pos: int, all_logits: bool = False) -> np.ndarray:
+        """Decode toks at positions pos.. of sequence 0; their logits rows (all of them, else the last one's) as
+        a view: copy before the next decode."""
+        llm = self.llm
+        llm._batch.set_batch(batch=toks, n_past=pos, logits_all=all_logits)
+        llm._ctx.decode(llm._batch)
+        n = len(toks) if all_logits else 1
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n, self.n_vocab))
+
+    def remove(self, p0: int) -> None:
+        """Remove sequence 0's cells from position p0 on (sequence 0 only: the one generate() decodes)."""
+        self.llm._ctx.kv_cache_seq_rm(0, p0, -1)
+
+    def force_exit(self, e: int) -> None:
+        """The exit for the next decodes (-1: all river; n_layer - 1: the backbone), the KV cache kept as it is.
+        Unchecked (the modes pass -1 and n_layer - 1): RiverLlama.force_exit checks a caller's."""
+        llm = self.llm
+        llm._river.llama_river_set_forced_exit(llm._ctx.ctx, e)
+
+    def stored_gate(self) -> float:
+        """river.gate_entropy as the loader read it (NaN: none; a bad key was refused at load)."""
+        llm = self.llm
+        return float(llm._river.llama_model_river_gate(llm._model.model))
+
+    def enable_river(self) -> None:
+        llm = self.llm
+        llm._river.llama_river_set_enabled(llm._ctx.ctx, True)
+
+    def decode_threads(self, on: bool) -> None:
+        """Drafts and verification batches are decoding, so they run on the decode threads. llama.cpp gives any
+        batch of 2+ tokens n_threads_batch (meant for prefill: llama-cpp-python's default is every core); on a busy
+        machine those extra spinning threads made each verification hundreds of times slower, and the cost model
+        then never drafted again. Off: the context's own setting back, for the next prompt."""
+        llm = self.llm
+        cp = llm.context_params
+        llama_cpp.llama_set_n_threads(llm._ctx.ctx, cp.n_threads, cp.n_threads if on else cp.n_threads_batch)
+
+    def last_logits(self) -> np.ndarray:
+        """The context's logits of the last token decoded (a copy)."""
+        return np.array(np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.n_vocab,)))
+
+    # -- what Llama.generate() shares with the modes ----------------------------------------------
+    def logits_stale(self) -> None:
+        """The context's last logits are no longer the last token's (a mode decoded other rows since): Llama's
+        generate must decode again, not sample from them, on an exact prompt-cache hit."""
+        self.llm._requires_eval = True
+
+    @property
+    def logits_all(self) -> bool:
+        return bool(self.llm._logits_all)
+
+    @property
+    def seed(self) -> int:
+        """The context's sampling seed as llama.cpp takes it: a uint32 (-1 is 0xFFFFFFFF)."""
+        return int(self.llm._seed) & 0xFFFFFFFF
+
+    def sampler(self, **kw):
+        """llama.cpp's own sampler chain, as Llama.generate builds it from these settings."""
+        return self.llm._init_sampler(**kw)
+
+    def sample(self, sampler) -> int:
+        """A token from the last decoded row, by `sampler`."""
+        return sampler.sample(self.llm._ctx, -1)
+
+    def is_eog(self, tok: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.llm._model.vocab, int(tok)))
+
+    def token_text(self, tok: int) -> bytes:
+        return self.llm._model.token_get_text(int(tok))
+
+    def setup(self) -> tuple:
+        """What changes a step's cost or a batch row's arithmetic: threads, batch sizes, K/V types, flash
+        attention, offload, where the weights sit."""
+        llm = self.llm
+        cp, mp = llm.context_params, llm.model_params
+        setup = tuple(getattr(cp, f) for f in ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "type_k",
+                                              "type_v", "flash_attn_type", "offload_kqv", "op_offload", "swa_full"))
+        return setup + tuple(getattr(mp, f) for f in ("n_gpu_layers", "split_mode", "main_gpu"))
