@@ -1,6 +1,9 @@
 """`river build` (base GGUF -> calibrated river GGUF) and `river calibrate` (re-fit a river GGUF's thresholds)."""
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -65,23 +68,59 @@ RuleOpt = Annotated[Rule, typer.Option(
     "--rule", rich_help_panel=CAL, help="per-layer thresholds, or the paper's single tau.")]
 
 
-def settings_of(prompts, n_prompts, decode_tokens, online_tokens, rule):
-    from river_edge.calibration.prompts import read_prompts
-    from river_edge.calibration.target import Settings
+@dataclass
+class Calibration:
+    """The calibration options, as one value: declared once (OPTIONS) for every command that calibrates."""
+    max_kl: Optional[float] = None
+    min_agreement: Optional[float] = None
+    max_depth: Optional[float] = None
+    prompts: Optional[Path] = None
+    n_prompts: int = 16
+    decode_tokens: int = 32
+    online_tokens: int = 256
+    rule: Rule = Rule.per_layer
 
-    return Settings(n_prompts=n_prompts, decode_tokens=decode_tokens, online_tokens=online_tokens, rule=rule.value,
-                    prompts=read_prompts(prompts) if prompts is not None else [])
+    def chosen(self) -> bool:
+        """A target or prompts given (what --no-calibrate refuses)."""
+        return any(x is not None for x in (self.max_kl, self.min_agreement, self.max_depth, self.prompts))
+
+    def target(self):
+        from river_edge.calibration.target import Target
+
+        given = [(k, v) for k, v in (("kl", self.max_kl), ("agreement", self.min_agreement),
+                                     ("depth", self.max_depth)) if v is not None]
+        if len(given) > 1:
+            raise typer.BadParameter("give at most one calibration target",
+                                     param_hint="'--max-kl' / '--min-agreement' / '--max-depth'")
+        return Target(*given[0]) if given else Target("kl", DEFAULT_KL)
+
+    def settings(self):
+        from river_edge.calibration.prompts import read_prompts
+        from river_edge.calibration.target import Settings
+
+        return Settings(n_prompts=self.n_prompts, decode_tokens=self.decode_tokens, online_tokens=self.online_tokens,
+                        rule=self.rule.value, prompts=read_prompts(self.prompts) if self.prompts is not None else [])
 
 
-def target_of(max_kl, min_agreement, max_depth):
-    from river_edge.calibration.target import Target
+OPTIONS = {"max_kl": MaxKL, "min_agreement": MinAgreement, "max_depth": MaxDepth, "prompts": Prompts,
+           "n_prompts": NPrompts, "decode_tokens": DecodeTokens, "online_tokens": OnlineTokens, "rule": RuleOpt}
 
-    given = [(k, v) for k, v in (("kl", max_kl), ("agreement", min_agreement), ("depth", max_depth))
-             if v is not None]
-    if len(given) > 1:
-        raise typer.BadParameter("give at most one calibration target",
-                                 param_hint="'--max-kl' / '--min-agreement' / '--max-depth'")
-    return Target(*given[0]) if given else Target("kl", DEFAULT_KL)
+
+def calibration_options(fn):
+    """Give a command the calibration options in place of its `cal: Calibration` parameter, and pass them to it as
+    one Calibration (typer reads a command's options from its signature: this one is rewritten)."""
+    sig = inspect.signature(fn, eval_str=True)
+    params = []
+    for p in sig.parameters.values():
+        params += [inspect.Parameter(n, p.KEYWORD_ONLY, annotation=a, default=Calibration.__dataclass_fields__[n].default)
+                   for n, a in OPTIONS.items()] if p.name == "cal" else [p.replace(kind=p.KEYWORD_ONLY)]
+
+    @functools.wraps(fn)
+    def command(**kw):
+        return fn(cal=Calibration(**{n: kw.pop(n) for n in OPTIONS}), **kw)
+    command.__signature__ = sig.replace(parameters=params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
 
 
 def report_calibration(summary: dict, out: Path) -> None:
@@ -96,6 +135,7 @@ def report_calibration(summary: dict, out: Path) -> None:
 
 @command(epilog="Examples: river build smollm2-135m -o smollm2.river.gguf\n\n"
                  "river build model.gguf -o model.river.gguf --backbone q8_0 --river q5_0 --min-agreement 0.9")
+@calibration_options
 def build(
     model: Annotated[str, typer.Argument(metavar="MODEL", show_default=False,
                                          help="Base GGUF (an architecture `river doctor` lists), or a model name from `river models`.")],
@@ -114,14 +154,7 @@ def build(
         case_sensitive=False, help="Type of the river's copy of the LM head, used only where every layer is river "
                                    "(drafting in exact/gated mode, fast mode); none: drafts use the backbone's head.")
     ] = HeadType(F.DEFAULT_HEAD_TYPE),
-    max_kl: MaxKL = None,
-    min_agreement: MinAgreement = None,
-    max_depth: MaxDepth = None,
-    prompts: Prompts = None,
-    n_prompts: NPrompts = 16,
-    decode_tokens: DecodeTokens = 32,
-    online_tokens: OnlineTokens = 256,
-    rule: RuleOpt = Rule.per_layer,
+    cal: Calibration = Calibration(),
     no_calibrate: Annotated[bool, typer.Option(
         "--no-calibrate", rich_help_panel=CAL,
         help="Skip calibration: thresholds stay +inf (the river never exits) until `river calibrate`.")] = False,
@@ -135,11 +168,10 @@ on calibration prompts and writes its report: a table, OUT.calibration.png and O
 The input is never modified.
     """
     types = [t.strip().lower() for t in layer_types.split(",")] if layer_types else None
-    target = None if no_calibrate else target_of(max_kl, min_agreement, max_depth)
-    if no_calibrate and any(x is not None for x in (max_kl, min_agreement, max_depth, prompts)):
+    if no_calibrate and cal.chosen():
         raise typer.BadParameter("calibration options make no sense with --no-calibrate",
                                  param_hint="'--no-calibrate'")
-    settings = None if no_calibrate else settings_of(prompts, n_prompts, decode_tokens, online_tokens, rule)
+    target, settings = (None, None) if no_calibrate else (cal.target(), cal.settings())
     from river_edge.defaults import build_calibrated_river
 
     with in_cache(cache_dir):
@@ -156,6 +188,7 @@ The input is never modified.
 
 
 @command(epilog="Example: river calibrate model.river.gguf --max-kl 0.02 -o model.kl002.gguf")
+@calibration_options
 def calibrate(
     river_gguf: Annotated[Path, typer.Argument(metavar="RIVER_GGUF", help="A river GGUF (from `river build`).",
                                                show_default=False)],
@@ -163,18 +196,10 @@ def calibrate(
     output: Annotated[Optional[str], typer.Option(
         "--output", "-o", metavar="PATH", help="Where to write the recalibrated GGUF.",
         show_default="<stem>.calibrated.gguf beside the input")] = None,
-    max_kl: MaxKL = None,
-    min_agreement: MinAgreement = None,
-    max_depth: MaxDepth = None,
-    prompts: Prompts = None,
-    n_prompts: NPrompts = 16,
-    decode_tokens: DecodeTokens = 32,
-    online_tokens: OnlineTokens = 256,
-    rule: RuleOpt = Rule.per_layer,
+    cal: Calibration = Calibration(),
 ):
     """Re-fit the exit thresholds of a river GGUF to a new target, into a new file (never in place)."""
-    target = target_of(max_kl, min_agreement, max_depth)
-    settings = settings_of(prompts, n_prompts, decode_tokens, online_tokens, rule)
+    target, settings = cal.target(), cal.settings()
     out = output if output is not None else river_gguf.with_name(f"{river_gguf.stem}.calibrated.gguf")
     from river_edge.calibration.report import calibrate_file
     from river_edge.gguf_tools.inspect import check
