@@ -191,16 +191,24 @@ def _eval(evals: dict[str, dict]) -> list[str]:
     return out + [""]
 
 
-def _spec_compare(s: dict) -> list[str]:
+def _spec_compare(s: dict, t: dict | None = None) -> list[str]:
+    """t: the same-text pass (text_spec_compare_*.json) where one was made."""
+    same = "runs identical" if t else "rounds identical"
     out = [f"**Exact speed-ups on {s['model']}** (`.venv/bin/python bench/spec_compare.py`; {s['tokens']} greedy tokens x "
            f"{s['rounds']} rounds alternating, no intervals; peak memory in a fresh process; {where(s)}):", "",
-           "| config | tok/s | x backbone | rounds identical | peak MiB |", "|---|---|---|---|---|"]
+           f"| config | tok/s | x backbone | {same} | peak MiB |", "|---|---|---|---|---|"]
     for c in s["ratio_median"]:
-        out.append(f"| {c} | {s['tok_s_median'][c]:.1f} | {s['ratio_median'][c]:.2f} | {s['identical_rounds'][c]}/"
-                   f"{s['rounds']} | {dash(s['peak_mib'].get(c), '{:.0f}')} |")
+        n, of = (t["identical_runs"][c], t["runs"]) if t else (s["identical_rounds"][c], s["rounds"])
+        out.append(f"| {c} | {s['tok_s_median'][c]:.1f} | {s['ratio_median'][c]:.2f} | {n}/{of} | "
+                   f"{dash(s['peak_mib'].get(c), '{:.0f}')} |")
     fm = s["file_mib"]
     out += ["", f"Files: backbone {fm['backbone']:.0f} MiB; river GGUF (backbone + river + head) {fm['river']:.0f} MiB; "
             f"draft model {fm['draft']:.0f} MiB (loaded beside the backbone)."]
+    if t:
+        v = ((t.get("host") or {}).get("runtime") or {}).get("cpu_variant")
+        out += ["", f"*Runs identical*: every configuration once on each of {t['runs']} distinct prompts, {t['tokens']} "
+                f"greedy tokens, untimed (`--text-prompts`), on {host_line(t).split(', load')[0]}, ggml's {v} variant"
+                + (f", the variant {t['as_host']} loads, at its thread count" if t.get("as_host") else "") + "."]
     return out + [""]
 
 
@@ -356,7 +364,7 @@ def _runtime_block(folder: Path, model: str, rel: str = "") -> list[str]:
 def _spec_block(folder: Path, rel: str = "") -> list[str]:
     if not (s := load(folder, f"spec_compare_{QWEN15}")):
         return []
-    return _spec_compare(s) + [f"![spec_compare](bench/results/{rel}spec_compare_{QWEN15}.png)", ""]
+    return _spec_compare(s, load(folder, f"text_spec_compare_{QWEN15}")) + [f"![spec_compare](bench/results/{rel}spec_compare_{QWEN15}.png)", ""]
 
 
 def report(out: Path, readme: Path | None, front: Path | None = None, extra=None) -> str:

@@ -173,8 +173,17 @@ STEPS = {
 }
 
 
+def step_text_spec_compare(out: Path, limit: int | None, model: str) -> dict:
+    from river_edge import zoo
+    args = ["--river", str(_exact_river(QWEN15)), "--draft", str(zoo.prepare(QWEN)), "--name", QWEN15, "--out", str(out),
+            "--text-prompts", "2" if limit else str(TEXT_PROMPTS), "--tokens", "12" if limit else "64"]
+    subprocess.run([sys.executable, str(HERE / "spec_compare.py"), *args], check=True)
+    return json.loads((out / f"text_spec_compare_{QWEN15}.json").read_text())
+
+
 STEPS.update({f"text_{n.removeprefix('modes_')}": (step_text, kw) for n, (_, kw) in list(STEPS.items())
               if n.startswith("modes_")})
+STEPS[f"text_spec_compare_{QWEN15}"] = (step_text_spec_compare, dict(model=QWEN15))
 
 
 # speeds belong to one machine: these steps go to this host's folder (records.host_folder); the rest (accuracy,

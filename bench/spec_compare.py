@@ -13,7 +13,9 @@
 One process, every configuration on the same prompt in a rotating order each round; ratios are medians over
 rounds of (config tok/s) / (backbone tok/s) of the same round; every output is compared with the backbone's.
 Peak resident memory of each configuration is measured in a fresh subprocess (load, 32 tokens).
-Writes bench/results/spec_compare_<name>.json and .png.
+Writes bench/results/spec_compare_<name>.json and .png. `--text-prompts N` instead counts, untimed, how many of N
+distinct prompts (the four above, then packaged calibration prompts) each configuration writes the backbone's text
+for, one configuration loaded at a time: text_spec_compare_<name>.json.
 """
 from __future__ import annotations
 
@@ -102,6 +104,24 @@ def probe(config: str, a) -> None:
             print(json.dumps({"peak_mib": int(line.split()[1]) / 1024}))
 
 
+def text_pass(a) -> dict:
+    """Each configuration once on each of a.text_prompts distinct prompts; how many equal the backbone's tokens."""
+    from river_edge.host import host
+    from river_edge.measure.files import packaged_prompts
+
+    configs = ["backbone"] + [c for c in a.configs.split(",") if c != "backbone"]
+    texts = (PROMPTS + packaged_prompts(a.text_prompts))[:a.text_prompts]
+    outs = {}
+    for c in configs:   # one model at a time: the 1.5B's configurations together would not fit small hosts
+        m = load(c, a)
+        outs[c] = [gen(m, m.tokenize(t.encode()), a.tokens)[0] for t in texts]
+        print(c, sum(o == b for o, b in zip(outs[c], outs["backbone"])), "/", len(texts), flush=True)
+        m.close()
+    return {"kind": "text", "model": a.name, "tokens": a.tokens, "prompts": texts, "threads": a.threads,
+            "host": host(a.threads), "identical_runs": {c: int(sum(o == b for o, b in zip(outs[c], outs["backbone"])))
+                                                        for c in configs}, "runs": len(texts), "outputs": outs}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--river", required=True, help="river GGUF of the target model (built with a river head)")
@@ -113,6 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--text-prompts", type=int, help="the same-text pass over N distinct prompts instead (untimed)")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args(argv)
@@ -123,6 +144,10 @@ def main(argv=None) -> int:
             plain(a.river, a.backbone, "backbone")
     if a.probe:
         probe(a.probe, a)
+        return 0
+    if a.text_prompts:
+        a.out.mkdir(parents=True, exist_ok=True)
+        write_text(a.out / f"text_spec_compare_{a.name}.json", json.dumps(text_pass(a), indent=1) + "\n")
         return 0
     configs = a.configs.split(",")
     models = {c: load(c, a) for c in configs}

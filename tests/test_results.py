@@ -235,3 +235,17 @@ def test_the_ceiling_of_exact_mode_comes_from_its_own_costs():
     assert (k, step) == (2, 20.0) and ratio == pytest.approx(20 * 3 / (2 * 10 + 35))
     m["configs"]["exact"]["cost_model"]["usable_batch"] = [True, False, False]
     assert R._ceiling(m)[0] == 0
+
+
+def test_the_speculation_comparison_counts_same_text_over_its_prompt_pass():
+    """spec_compare's table: runs identical to the backbone from text_spec_compare_*.json (each configuration once
+    per distinct prompt) where that pass was made, else its timed rounds."""
+    s = {"model": R.QWEN15, "tokens": 64, "rounds": 8, "host": {"cpu": {"model": "Xeon"}}, "threads": 2,
+         "ratio_median": {"backbone": 1.0, "prompt-lookup:2": 0.8}, "tok_s_median": {"backbone": 10.0, "prompt-lookup:2": 8.0},
+         "identical_rounds": {"backbone": 8, "prompt-lookup:2": 8}, "peak_mib": {}, "file_mib": {"backbone": 1, "river": 2, "draft": 1}}
+    assert "| prompt-lookup:2 | 8.0 | 0.80 | 8/8 |" in "\n".join(R._spec_compare(s))
+    t = {"identical_runs": {"backbone": 16, "prompt-lookup:2": 13}, "runs": 16, "tokens": 64, "threads": 2,
+         "host": {"cpu": {"model": "Xeon"}, "runtime": {"cpu_variant": "zen4"}}, "as_host": "AMD EPYC (avx2)"}
+    text = "\n".join(R._spec_compare(s, t))
+    assert "| config | tok/s | x backbone | runs identical | peak MiB |" in text and "| prompt-lookup:2 | 8.0 | 0.80 | 13/16 |" in text
+    assert "once on each of 16 distinct prompts" in text and "the variant AMD EPYC (avx2) loads" in text
