@@ -370,7 +370,7 @@ class Spec:
         self.llm.n_tokens = n
         self.dec.remove(n)
 
-    def _seed(self) -> int:
+    def _call_seed(self) -> int:
         """This call's sampling seed, as llama.cpp takes it: a uint32 (-1 is 0xFFFFFFFF), LLAMA_DEFAULT_SEED meaning a
         random one (drawn per call, as llama.cpp's sampler is made per call in the other modes)."""
         s = self.dec.seed
@@ -384,7 +384,7 @@ class Spec:
         sp = dict(temp=temp, top_k=int(kw.get("top_k", 40)), top_p=float(kw.get("top_p", 0.95)),
                   min_p=float(kw.get("min_p", 0.05)))
         stop = kw.get("stopping_criteria")
-        seed = None if greedy else self._seed()
+        seed = None if greedy else self._call_seed()
         unit = temp if temp > 0 else 1.0   # a logit's rounding, in sampling scores (logits / temp + noise)
 
         def choose(rows: np.ndarray, pos: int) -> tuple[np.ndarray, np.ndarray]:
