@@ -61,7 +61,7 @@ def test_invariants_under_cpu_variant(variant):
     if variant == "x64":
         assert "AVX = 1" not in info.stdout, info.stdout
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_runtime.py",
-                        "tests/test_invariance.py", "-k", REDUCED.get(variant, INVARIANTS)], env=env, capture_output=True, text=True, timeout=600,
+                        "tests/test_invariance.py", "-k", REDUCED.get(variant, INVARIANTS)], env=env, capture_output=True, text=True, timeout=1500,
                        cwd=Path(__file__).parent.parent)
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
     assert r.returncode == 0 and " passed" in tail and "failed" not in tail, r.stdout[-4000:] + r.stderr[-2000:]
