@@ -5,22 +5,19 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"river_edge": ROOT / "river_edge", "river_edge.gguf_tools": ROOT / "gguf_tools",
-            "river_edge.cli": ROOT / "cli"}   # gguf_tools and cli install under river_edge (pyproject.toml)
+PACKAGE = ROOT / "river_edge"
 
 
 def modules() -> dict[str, Path]:
     out = {}
-    for pkg, root in PACKAGES.items():
-        for f in root.rglob("*.py"):
-            parts = [p for p in f.relative_to(root).with_suffix("").parts if p != "__init__"]
-            out[".".join([pkg, *parts])] = f
+    for f in PACKAGE.rglob("*.py"):
+        parts = [p for p in f.relative_to(ROOT).with_suffix("").parts if p != "__init__"]
+        out[".".join(parts)] = f
     return out
 
 
 def import_graph() -> dict[str, set[str]]:
     mods = modules()
-    canon = lambda m: "river_edge." + m if m.split(".")[0] in ("gguf_tools", "cli") else m
     graph = {}
     for name, f in mods.items():
         deps = set()
@@ -30,11 +27,11 @@ def import_graph() -> dict[str, set[str]]:
                     base = name.split(".")[: len(name.split(".")) - node.level + (f.name == "__init__.py")]
                     mod = ".".join(base + ([node.module] if node.module else []))
                 else:
-                    mod = canon(node.module or "")
+                    mod = node.module or ""
                 subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in mods]
                 deps.update(subs or ([mod] if mod in mods else []))
             elif isinstance(node, ast.Import):
-                deps.update(canon(a.name) for a in node.names if canon(a.name) in mods)
+                deps.update(a.name for a in node.names if a.name in mods)
         graph[name] = deps - {name}
     return graph
 

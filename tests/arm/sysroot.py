@@ -139,32 +139,18 @@ def site() -> Path:
     return out
 
 
-def overlay() -> Path:
-    """river_edge as the editable install lays it out (gguf_tools/ and cli/ inside it), by links into the tree."""
-    out = cache() / "overlay"
-    shutil.rmtree(out, ignore_errors=True)
-    pkg = out / "river_edge"
-    pkg.mkdir(parents=True)
-    for p in (ROOT / "river_edge").iterdir():
-        if p.name != "__pycache__":
-            (pkg / p.name).symlink_to(p)
-    (pkg / "gguf_tools").symlink_to(ROOT / "gguf_tools")
-    (pkg / "cli").symlink_to(ROOT / "cli")
-    return out
-
-
 class Arm:
     """How to run aarch64 Python under qemu with the cross-built runtime (`pkg`: its llama_cpp folder)."""
 
     def __init__(self, pkg: Path):
-        self.qemu, self.root, self.site, self.src = qemu(), sysroot(), site(), overlay()
+        self.qemu, self.root, self.site = qemu(), sysroot(), site()
         self.pkg = pkg
 
     def cmd(self, cpu: str, *args: str) -> list[str]:
         return [str(self.qemu), "-L", str(self.root), "-cpu", cpu, str(self.root / "usr" / "bin" / "python3.11"), *args]
 
     def env(self, **extra: str) -> dict[str, str]:
-        path = [str(self.pkg.parent), str(self.src), str(self.site), str(ROOT / "tests"), str(ROOT / "tests" / "arm")]
+        path = [str(self.pkg.parent), str(ROOT), str(self.site), str(ROOT / "tests"), str(ROOT / "tests" / "arm")]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-        # PYTHONSAFEPATH: `-m pytest` would otherwise put the checkout first, whose river_edge lacks gguf_tools/
+        # PYTHONSAFEPATH: the path is this list, the cross-built llama_cpp first (no working directory before it)
         return {**env, "PYTHONPATH": os.pathsep.join(path), "PYTHONSAFEPATH": "1", **extra}
