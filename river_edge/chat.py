@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Iterable, Sequence, TextIO
 
 import numpy as np
-from jinja2 import TemplateError   # llama-cpp-python renders chat templates with jinja2 (its dependency)
+from jinja2 import TemplateError  # llama-cpp-python renders chat templates with jinja2 (its dependency)
 
 from . import format as F
 from .format import RiverError
+from .tokenizer import quiet_llama_logs
 
 RESET = "\x1b[0m"
 # Colour by the share of the backbone a token ran: river from early on .. full backbone (plain text).
@@ -34,7 +35,6 @@ def load(model: str | Path, *, tau: float | None = None, river: bool = True, thr
     """A RiverLlama for chatting: `tau` one threshold for every layer (over the GGUF's), `river=False`
     the backbone alone. A GGUF without a river runs as the stock model (tau then is an error)."""
     from river_edge.runtime.llama import RiverLlama
-    from .tokenizer import quiet_llama_logs
 
     if mode is not None:
         kwargs["mode"] = mode

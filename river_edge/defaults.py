@@ -15,11 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import format as F
-from . import zoo
+from . import format as F, zoo
 from .calibration.report import calibrate_file, check_target, prompt_tokens
 from .calibration.target import Settings, Target
 from .format import RiverError
+from .gguf_tools.build import build_river
+from .gguf_tools.inspect import inspect_gguf
+from .gguf_tools.reader import open_gguf, value
+from .gguf_tools.writer import check_not_input, temp_beside
 from .progress import Progress, no_progress
 
 # What `river build` fits to unless told otherwise: a quality budget, mean KL of the next-token
@@ -53,9 +56,6 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     system, removed afterwards whatever happens) and only the calibrated file appears at `dst`, with
     DST.calibration.json and DST.calibration.png beside it (all three or none). `src` is never modified.
     """
-    from .gguf_tools.build import build_river
-    from .gguf_tools.writer import check_not_input, temp_beside
-
     src, dst = Path(src), Path(dst)
     say = progress or no_progress
     check_not_input(src, dst)
@@ -88,8 +88,6 @@ def default_river_path(model: str = zoo.DEFAULT_MODEL) -> Path:
 
 def stored_summary(path: str | Path) -> dict | None:
     """The fit summary a calibrated river GGUF carries (river.fit_summary), or None."""
-    from .gguf_tools.reader import open_gguf, value
-
     text = value(open_gguf(path), F.KEY_FIT_SUMMARY) or ""
     try:
         return json.loads(text) if text else None
@@ -100,8 +98,6 @@ def stored_summary(path: str | Path) -> dict | None:
 def _usable(path: Path, model: str = zoo.DEFAULT_MODEL) -> bool:
     """A cached river GGUF from an earlier run: well formed, calibrated with today's default settings (an
     older release's fit, e.g. checked online over fewer tokens, is redone), built from today's model."""
-    from .gguf_tools.inspect import inspect_gguf
-
     if not path.is_file():
         return False
     try:

@@ -7,8 +7,9 @@ import io
 import os
 from pathlib import Path
 
-from river_edge.format import ARCHITECTURES
 from river_edge import host as H
+from river_edge.format import ARCHITECTURES
+from river_edge.tokenizer import quiet_llama_logs
 
 
 def report(model: Path | None = None, threads: int | None = None) -> str:
@@ -57,7 +58,6 @@ def load_logged(model: Path, **kw):
     import llama_cpp._logger
 
     from river_edge.runtime.llama import RiverLlama
-    from river_edge.tokenizer import quiet_llama_logs
 
     with quiet_llama_logs() as log, contextlib.redirect_stderr(io.StringIO()):
         llm = RiverLlama(str(model), verbose=True, **kw)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from river_edge.gguf_tools.writer import replacing
+
 
 def pyplot():
     """matplotlib, imported when a figure is drawn: a measurement process that imports this module (the memory
@@ -18,8 +20,6 @@ def pyplot():
 
 def save(fig, path: str | Path) -> Path:
     """The figure as a PNG at `path`, through a temporary file and a rename (a reader never sees half of it)."""
-    from river_edge.gguf_tools.writer import replacing
-
     with replacing(path, ".png") as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     return Path(path)

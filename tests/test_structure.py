@@ -1,4 +1,4 @@
-"""The house's shape: no import circles among the project's modules (lazy imports inside functions count)."""
+"""The house's shape: folders are import paths, imports at the top of modules unless they spare a measured start-up\ncost, no import circles (lazy imports inside functions count), short modules, one home for the mode vocabulary, the\nproduct apart from its measurement wing."""
 from __future__ import annotations
 
 import ast
@@ -16,24 +16,35 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    mods = modules()
-    graph = {}
-    for name, f in mods.items():
-        deps = set()
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name.split(".")[: len(name.split(".")) - node.level + (f.name == "__init__.py")]
-                    mod = ".".join(base + ([node.module] if node.module else []))
+def imports(name: str, f: Path, mods: dict[str, Path]) -> list[tuple[int, str, bool]]:
+    """(line, imported module, inside a function) for each module an import statement names; `from pkg import sub`
+    names the submodule."""
+    out = []
+
+    def walk(node, lazy):
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, ast.ImportFrom):
+                if ch.level:
+                    base = name.split(".")[: len(name.split(".")) - ch.level + (f.name == "__init__.py")]
+                    mod = ".".join(base + ([ch.module] if ch.module else []))
                 else:
-                    mod = node.module or ""
-                subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in mods]
-                deps.update(subs or ([mod] if mod in mods else []))
-            elif isinstance(node, ast.Import):
-                deps.update(a.name for a in node.names if a.name in mods)
-        graph[name] = deps - {name}
-    return graph
+                    mod = ch.module or ""
+                subs = [f"{mod}.{a.name}" for a in ch.names if f"{mod}.{a.name}" in mods]
+                out.extend((ch.lineno, m, lazy) for m in subs or [mod])
+            elif isinstance(ch, ast.Import):
+                out.extend((ch.lineno, a.name, lazy) for a in ch.names)
+            else:
+                walk(ch, lazy or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    walk(ast.parse(f.read_text()), False)
+    return out
+
+
+def import_graph(lazy: bool = True) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports (with lazy=False, only at its top)."""
+    mods = modules()
+    return {name: {m for _, m, inside in imports(name, f, mods) if m in mods and (lazy or not inside)} - {name}
+            for name, f in mods.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -65,6 +76,73 @@ def test_no_import_circles():
     graph = import_graph()
     assert "river_edge.calibration.rule" in graph and graph["river_edge.calibration.report"]  # the graph is real
     assert cycles(graph) == []
+
+
+def test_folders_are_import_paths():
+    """cli/ and gguf_tools/ at the top of the repository are links into river_edge/, where they import from; nothing
+    remaps a package to another folder."""
+    import tomllib
+
+    assert (ROOT / "cli").resolve() == PACKAGE / "cli" and (ROOT / "gguf_tools").resolve() == PACKAGE / "gguf_tools"
+    assert "package-dir" not in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+# Imports stay at the top of a module. One inside a function must spare the module's importers one of these, which the
+# module does not load at its own top (directly or through the project's top-level imports): seconds to import, from
+# `python -X importtime` on the Intel host (Sapphire Rapids, 2 cores). `river --help` loads none of them.
+HEAVY = {
+    "torch": 2.7,
+    "matplotlib": 0.9,                 # pyplot
+    "llama_cpp": 0.2,                  # and libllama with ggml's backends
+    "llama_cpp.server": 0.7,           # beyond llama_cpp: fastapi, uvicorn, pydantic, starlette
+    "fastapi": 0.25,
+    "uvicorn": 0.17,
+}
+# Or be listed here, with its reason.
+LAZY = {
+    ("river_edge.chat", "readline"): "imported for its effect on input() (line editing), only where a terminal is "
+                                     "read; absent on Windows",
+    ("river_edge.measure.probe", "resource"): "the peak-RSS fallback off Linux; POSIX only",
+}
+
+
+def heavy_reach(graph_top: dict[str, set[str]], third: dict[str, set[str]]):
+    """The HEAVY modules a module loads through its top-level imports."""
+    memo: dict[str, set[str]] = {}
+
+    def reach(m: str) -> set[str]:
+        if m not in graph_top:
+            return {h for h in HEAVY if m == h or m.startswith(h + ".")}
+        if m not in memo:
+            memo[m] = set()
+            memo[m] = set().union(*(reach(d) for d in graph_top[m] | third[m]), set())
+        return memo[m]
+
+    return reach
+
+
+def test_imports_inside_functions_spare_a_measured_cost():
+    mods = modules()
+    listed = {name: imports(name, f, mods) for name, f in mods.items()}
+    top = {n: {m for _, m, lazy in im if m in mods and not lazy} for n, im in listed.items()}
+    third = {n: {m for _, m, lazy in im if m not in mods and not lazy} for n, im in listed.items()}
+    reach = heavy_reach(top, third)
+    assert reach("river_edge.calibration.report") >= {"torch"} and reach("river_edge.format") == set()  # it is real
+    needless = [f"{n}:{line} imports {m} inside a function" for n, im in listed.items() for line, m, lazy in im
+                if lazy and not reach(m) - reach(n) and (n, m) not in LAZY]
+    assert needless == []
+    assert {(n, m) for n, im in listed.items() for _, m, lazy in im if lazy} >= set(LAZY)   # no stale entries
+
+
+def test_the_cli_starts_without_the_heavy_modules():
+    """`river --help` and every verb's module: none of HEAVY is imported until a command runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, river_edge.cli.main; "
+            f"print(sorted(m for m in {sorted(HEAVY)!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_every_package_is_installed():

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..format import RiverError
+from ..gguf_tools.build import set_river_keys
+from ..gguf_tools.inspect import check
+from ..gguf_tools.reader import open_gguf, value
+from ..gguf_tools.writer import check_not_input, replacing_together
 from ..reference import RiverModel
+from ..tokenizer import Tokenizer
+from . import figure
 from .gate import compact as gate_compact, gate_line, gate_report, gate_target
 from .prompts import default_prompts
 from .rule import calibrate
@@ -45,9 +51,6 @@ def prompt_tokens(src: str | Path, s: Settings) -> list[list[int]]:
     its torch prefill holds heads x n^2 attention scores) is refused, not cut: calibration fits the thresholds to
     the prompts it is given, a cut one (its question often at the end) is a text nobody sends, and the user knows
     which to shorten."""
-    from ..gguf_tools.reader import open_gguf, value
-    from ..tokenizer import Tokenizer
-
     r = open_gguf(src)
     ctx = value(r, f"{value(r, 'general.architecture')}.context_length")
     ctx = ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None
@@ -71,8 +74,6 @@ def prompt_tokens(src: str | Path, s: Settings) -> list[list[int]]:
 def check_target(src: str | Path, target: Target) -> None:
     """A depth target at or past the model's layer count is met by the backbone alone: refused, where a fit would
     quietly write thresholds that never exit."""
-    from ..gguf_tools.reader import open_gguf, value
-
     r = open_gguf(src)
     n = value(r, f"{value(r, 'general.architecture')}.block_count")
     if target.kind == "depth" and isinstance(n, int) and target.value >= n:
@@ -87,11 +88,6 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     beside it: DST.calibration.json and DST.calibration.png. `label` names the model in the summary and
     the plot (default: src's file name; a build through a temporary file passes the final name). `prompts`:
     prompt_tokens(), when the caller checked them and the target (check_target) already. The three files appear together or not at all."""
-    from ..gguf_tools.build import set_river_keys
-    from ..gguf_tools.writer import check_not_input, replacing_together
-    from ..gguf_tools.inspect import check
-    from .figure import calibration as figure
-
     src, dst = Path(src), Path(dst)
     check_not_input(src, dst)
     check(src, require_river=True)
@@ -111,7 +107,7 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     # the reports first, the GGUF last: a reader that finds the GGUF finds its reports
     with replacing_together([f"{dst}.calibration.json", f"{dst}.calibration.png", dst]) as (js, png, gguf):
         js.write_text(json.dumps(summary, indent=1), encoding="utf-8")
-        figure(summary, png, f"{label}: calibration, {target.kind} <= {target.value}"
+        figure.calibration(summary, png, f"{label}: calibration, {target.kind} <= {target.value}"
                if target.kind != "agreement" else f"{label}: calibration, agreement >= {target.value}")
         set_river_keys(src, gguf, thresholds=summary["thresholds"], min_exit_layer=summary["min_exit_layer"],
                        calibrated=True, fit_summary=json.dumps(_compact(summary)),

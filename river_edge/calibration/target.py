@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ..format import RiverError
+from ..format import RiverError, check_count
 
 
 @dataclass
@@ -39,8 +39,6 @@ class Settings:
     prompts: list[str] = field(default_factory=list)  # empty: the packaged calibration set
 
     def __post_init__(self):
-        from ..format import check_count
-
         check_count(self.n_prompts, "n_prompts", 2, MAX_PROMPTS)
         check_count(self.decode_tokens, "decode_tokens", 1, MAX_TOKENS)
         check_count(self.online_tokens, "online_tokens", 1, MAX_TOKENS)

@@ -20,6 +20,8 @@ import typer
 
 from river_edge import __version__, format as F, zoo
 from river_edge.format import RiverError, RiverWarning
+from river_edge.gguf_tools.writer import check_not_input, check_output
+from river_edge.host import runtime
 
 # Where ggml aborts (an rpc-server that went away mid-answer), its message line is the error; ggml would add a
 # debugger's backtrace of the whole process (tens of KB). RIVER_GGML_BACKTRACE=1 keeps it, for a bug report.
@@ -163,8 +165,6 @@ def check_rpc(rpc: Optional[str], gpu_layers: int) -> None:
 
 def _version(value: bool):
     if value:
-        from river_edge.host import runtime
-
         rt = runtime()
         if rt["llama_cpp_python"] is None:
             how = "no runtime (llama-cpp-python is not installed; run `make setup`)"
@@ -211,7 +211,6 @@ def base_for(model: str, output: Path, bars) -> Path:
     """The base GGUF of MODEL (a path, or a zoo name prepared on first use); never the output's own file, and an
     output a write may replace (writer.check_output)."""
     from river_edge.defaults import resolve_base
-    from river_edge.gguf_tools.writer import check_not_input, check_output
 
     check_not_input(model, output)   # before anything is downloaded
     check_output(output)

@@ -9,6 +9,8 @@ import typer
 
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.measure import bench as B, files as BF, modes as M, plots as P, records as R
+from river_edge.runtime.rpc import delayed, local_servers, parse_endpoints
 
 from .app import CacheDir, GpuLayers, check_rpc, command, finite, in_cache
 from .progress import Bars
@@ -72,13 +74,6 @@ all-river, plain Q8_0 and Q4_0 (written once next to the river GGUF), and a forc
 the ideal line. Prints a table with ratios to the backbone, mean backbone depth, the share of the step \
 spent deciding exits and peak memory; writes the table as JSON and a PNG.
     """
-    from river_edge.measure import bench as B
-    from river_edge.measure import files as BF
-    from river_edge.measure import records as R
-    from river_edge.measure import modes as M
-    from river_edge.measure import plots as P
-    from river_edge.runtime.rpc import delayed, local_servers, parse_endpoints
-
     try:
         modes = M.parse_modes(mode) if mode is not None else None
     except RiverError as e:   # a bad option value is a usage error (exit 2), as eval's --configs

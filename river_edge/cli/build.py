@@ -11,11 +11,13 @@ from typing import Annotated, Optional
 import typer
 
 from river_edge import format as F
-from river_edge.calibration.target import MAX_PROMPTS, MAX_TOKENS
+from river_edge.calibration.prompts import read_prompts
+from river_edge.calibration.target import MAX_PROMPTS, MAX_TOKENS, Settings, Target
+from river_edge.gguf_tools.inspect import check
+from river_edge.gguf_tools.writer import check_not_input, check_output
 
 from .app import CacheDir, base_for, command, finite, in_cache
 from .progress import Bars
-
 
 # Choices. Enums built from the format's own lists, so a new river type shows up here by itself.
 RiverType = Enum("RiverType", {t: t for t in F.RIVER_TYPES}, type=str)
@@ -85,8 +87,6 @@ class Calibration:
         return any(x is not None for x in (self.max_kl, self.min_agreement, self.max_depth, self.prompts))
 
     def target(self):
-        from river_edge.calibration.target import Target
-
         given = [(k, v) for k, v in (("kl", self.max_kl), ("agreement", self.min_agreement),
                                      ("depth", self.max_depth)) if v is not None]
         if len(given) > 1:
@@ -95,9 +95,6 @@ class Calibration:
         return Target(*given[0]) if given else Target("kl", DEFAULT_KL)
 
     def settings(self):
-        from river_edge.calibration.prompts import read_prompts
-        from river_edge.calibration.target import Settings
-
         return Settings(n_prompts=self.n_prompts, decode_tokens=self.decode_tokens, online_tokens=self.online_tokens,
                         rule=self.rule.value, prompts=read_prompts(self.prompts) if self.prompts is not None else [])
 
@@ -202,8 +199,6 @@ def calibrate(
     target, settings = cal.target(), cal.settings()
     out = output if output is not None else river_gguf.with_name(f"{river_gguf.stem}.calibrated.gguf")
     from river_edge.calibration.report import calibrate_file
-    from river_edge.gguf_tools.inspect import check
-    from river_edge.gguf_tools.writer import check_not_input, check_output
 
     check_not_input(river_gguf, out)
     check(river_gguf, require_river=True)  # before loading torch and the model

@@ -1,11 +1,13 @@
 """`river chat`: a local chat loop in any mode, with exit depths shown per token if asked."""
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Optional
 
 import typer
 
 from river_edge import format as F
+from river_edge.chat import Chat, check_text, legend, load, terminal_lines
 
 from .app import (CacheDir, Ctx, Decide, GpuLayers, Mode, ModelArg, Threads, check_rpc, command, fail, in_cache,
                   model_path, rule)
@@ -62,10 +64,6 @@ def chat(
 ran before exiting to the river). In the chat: /reset clears the history, /stats shows the session's \
 numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as from a terminal.
     """
-    import sys
-
-    from river_edge.chat import Chat, check_text, legend, load, terminal_lines
-
     if tau is not None and no_river:
         raise typer.BadParameter("--tau has no effect with --no-river", param_hint="'--tau'")
     if mode is not None and no_river:

@@ -7,10 +7,10 @@ from typing import Annotated
 import typer
 
 from river_edge import format as F
+from river_edge.gguf_tools.convert import plain
 
 from .app import CacheDir, base_for, command, in_cache
 from .progress import Bars
-
 
 # gguf_tools.convert.MODES (not imported here: it loads numpy and gguf; a test pins the two equal)
 ConvertTo = Enum("ConvertTo", {t: t for t in ("backbone", "river", "f16", *F.RIVER_TYPES)}, type=str)
@@ -31,8 +31,6 @@ def convert(
     cache_dir: CacheDir = None,
 ):
     """Write a plain GGUF that stock llama.cpp loads: the baselines River is compared with."""
-    from river_edge.gguf_tools.convert import plain
-
     with in_cache(cache_dir):
         with Bars() as bars:
             src = base_for(model, output, bars)

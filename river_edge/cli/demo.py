@@ -1,14 +1,17 @@
 """`river demo` (`make demo`): the default model's river GGUF built and calibrated once, its report, a reply."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from river_edge.chat import Chat, load
+from river_edge.measure import bench as B
+
 from .app import CacheDir, Threads, command, in_cache
 from .progress import Bars
-
 
 DEMO_PROMPT = "In two sentences: why do small language models run well on laptops?"
 
@@ -22,11 +25,7 @@ def demo(
 ):
     """The default river GGUF (SmolLM2-135M-Instruct, built once into the cache), one chat answer with its \
 speed and depth, and the benchmark table (backbone vs river vs plain quantization)."""
-    import sys
-
-    from river_edge.measure import bench as B
     from river_edge.calibration.report import format_summary
-    from river_edge.chat import Chat, load
     from river_edge.defaults import default_river, stored_summary
 
     with in_cache(cache_dir):

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from river_edge import format as F
+from river_edge.doctor import report
 
 from .app import command, existing
 
@@ -19,6 +20,4 @@ def doctor(
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, max=F.MAX_THREADS, help="Threads to load with.")] = None,
 ):
     """Versions, runtime build, CPU and ISA, devices, and the buffer types of a model's weights."""
-    from river_edge.doctor import report
-
     typer.echo(report(Path(existing(model)) if model else None, threads))

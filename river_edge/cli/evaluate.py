@@ -10,10 +10,10 @@ import typer
 
 from river_edge.format import RiverError
 from river_edge.gguf_tools.writer import write_text
+from river_edge.measure import evaluate as E
 
 from .app import CacheDir, ModelArg, Threads, command, finite, in_cache, jsonable, model_path
 from .progress import Bars
-
 
 Task = Enum("Task", {t: t for t in ("gsm8k", "math", "humaneval")}, type=str)  # evaluate.TASKS
 
@@ -55,8 +55,6 @@ def eval_(
 template), so decode speeds are measured in the same run. Prints accuracy, decode tok/s (and its ratio \
 to the backbone) and mean backbone depth; writes the per-problem JSON lines and a summary JSON.
     """
-    from river_edge.measure import evaluate as E
-
     cfgs = configs.split(",") if configs is not None else None   # "" is refused, as "," is
     if cfgs is not None:
         try:

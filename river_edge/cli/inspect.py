@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from river_edge.gguf_tools.inspect import format_report, inspect_gguf, validate as problems_of
+
 from .app import command, existing, jsonable
 
 
@@ -17,8 +19,6 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print everything as JSON.")] = False,
 ):
     """What a GGUF holds: architecture, sizes, backbone and river types, thresholds, problems."""
-    from river_edge.gguf_tools.inspect import format_report, inspect_gguf
-
     info = inspect_gguf(existing(file))
     if as_json:
         fit = info.get("fit_summary")
@@ -42,8 +42,6 @@ def validate(
     base: Annotated[bool, typer.Option("--base", help="Accept a base GGUF (no river tensors).")] = False,
 ):
     """Check a river GGUF against the format (exit 0 when well formed, 1 with every problem listed)."""
-    from river_edge.gguf_tools.inspect import inspect_gguf, validate as problems_of
-
     path = existing(file)
     problems = problems_of(path, require_river=not base)
     if problems:

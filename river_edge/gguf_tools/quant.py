@@ -17,6 +17,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, LlamaFileType as F
 from gguf.quants import quant_shape_to_byte_shape
 
 from river_edge.format import RiverError
+from river_edge.tokenizer import quiet_llama_logs
 
 TYPES = {
     "f16": T.F16, "bf16": T.BF16, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1,
@@ -160,7 +161,6 @@ def llama_quantize(src: str | Path, dst: str | Path, recipe: str, threads: int |
     p.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_{RECIPES[recipe]}")
     p.nthread = threads or os.cpu_count() or 1
     p.allow_requantize = True   # a shipped quantized file is a user's only source; an F16 one is unaffected
-    from river_edge.tokenizer import quiet_llama_logs
 
     with quiet_llama_logs():
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p))

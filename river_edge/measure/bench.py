@@ -42,14 +42,15 @@ from pathlib import Path
 import numpy as np
 
 from river_edge import format as F
+from river_edge.format import RiverError
+from river_edge.host import host, placement
 from river_edge.measure import files as BF
 from river_edge.measure.files import packaged_prompts, prepare_files, weights_note
-from river_edge.progress import Progress, no_progress
-from river_edge.format import RiverError
 from river_edge.measure.harness import alternate
 from river_edge.measure.plots import river_vs_ideal_from_medians
 from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
-
+from river_edge.progress import Progress, no_progress
+from river_edge.tokenizer import Tokenizer
 
 DEFAULT_THREADS = 2
 DEFAULT_TOKENS = 48
@@ -195,8 +196,6 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
         prefill_tokens: int = PREFILL_TOKENS, prefill_reps: int = 2, memory: bool = True, sweep: bool = True,
         progress: Progress | None = None) -> dict:
     """Benchmark a river GGUF against its backbone and plain quantization; returns the result dict."""
-    from river_edge.tokenizer import Tokenizer
-
     say = progress or no_progress
     if tokens < 2:
         raise RiverError("tokens: need at least 2 decode tokens (the first step is untimed)")
@@ -241,7 +240,6 @@ def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int =
     dec = {c.name: [x["results"][c] for x in rows] for c in cfgs}   # per (round, prompt), the same order in each
     elapsed = time.time() - t_start
     load_after = load_avg()
-    from river_edge.host import host, placement
 
     bufts = {k: placement(m) for k, m in models.items()}
     models.clear()   # free the models before the memory probes

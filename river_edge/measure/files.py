@@ -3,15 +3,21 @@ quantizations derived beside it (llama-quantize recipes of the F16 backbone, wri
 file, and the packaged prompts."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 
 from river_edge import zoo
 from river_edge.format import RiverError
+from river_edge.gguf_tools.convert import plain
+from river_edge.gguf_tools.inspect import check, inspect_gguf
+from river_edge.gguf_tools.quant import RECIPES, llama_quantize
+from river_edge.gguf_tools.reader import open_gguf, value
+from river_edge.gguf_tools.writer import replacing
 from river_edge.progress import Progress, no_progress
-
 
 PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
 PLAIN_SOURCE = "llama-quantize of the backbone"   # what every report means by a plain file (plain_of)
@@ -21,7 +27,6 @@ def resolve_river(model: str | os.PathLike | None, progress: Progress | None = N
     """A river GGUF to benchmark: a path as given; a zoo name -> its calibrated river GGUF in the cache
     (built with the defaults on first use); None -> the default model's (SmolLM2-135M-Instruct)."""
     from river_edge.defaults import default_river
-    from river_edge.gguf_tools.inspect import check
 
     if model is None:
         return default_river(progress)
@@ -55,8 +60,6 @@ DERIVED = "river_edge.derived"   # a GGUF key on the files _derive writes (llama
 def _ours(dst: Path) -> bool:
     """A file _derive wrote: it sits in river-edge's cache (some written there before the mark; nothing to read), or
     it carries DERIVED."""
-    from river_edge.gguf_tools.reader import open_gguf, value
-
     if dst.resolve().is_relative_to(zoo.cache_dir().expanduser().resolve()):
         return True
     try:
@@ -69,10 +72,6 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
     """dst made from src, cached: reused while newer than its source; written atomically. `mode`: a
     llama-quantize recipe (plain files: what a user makes from the F16 backbone), or "backbone". A file at dst that
     this did not write (a user's own, named like a plain file: say the build's input) is neither used nor replaced."""
-    from river_edge.gguf_tools.convert import plain
-    from river_edge.gguf_tools.quant import RECIPES, llama_quantize
-    from river_edge.gguf_tools.writer import replacing
-
     if dst.exists() and not _ours(dst):
         raise RiverError(f"{dst}: a file river-edge did not write has the name of the {mode} file it derives from "
                          f"{src.name}; move one of them (river-edge neither uses nor replaces it)")
@@ -95,9 +94,6 @@ def prepare_files(river_path: Path, progress: Progress | None = None, plain: Seq
     `shipped`, also the file the river was built from (the one a user already has; RiverError when it is not in
     the cache); with `backbone`, the backbone as a plain file ("plain-f16"), written only when asked or when a
     plain quantization is made from it (it is as big as the backbone)."""
-    from river_edge.gguf_tools.inspect import inspect_gguf
-    from river_edge.gguf_tools.reader import open_gguf
-
     say = progress or no_progress
     river_path = Path(river_path)
     info = inspect_gguf(river_path)
@@ -139,10 +135,6 @@ def plain_of(model: Path, recipe: str, progress: Progress | None = None) -> Path
     """The plain `recipe` file of `model`, the one every table means by that name: for a river GGUF the file
     prepare_files writes beside it (llama-quantize of its backbone); for another GGUF, llama-quantize of the
     file itself (a quantized one requantized), cached under the cache folder by the file's identity."""
-    import hashlib
-
-    from river_edge.gguf_tools.inspect import inspect_gguf
-
     model = Path(model)
     if inspect_gguf(model)["river"]:
         return prepare_files(model, progress, plain=(recipe,))[0][recipe]
@@ -162,8 +154,6 @@ def weights_note(notes: dict) -> str:
 
 def packaged_prompts(n: int) -> list[str]:
     """n packaged calibration prompts, alternating GSM8K and code (read without importing torch)."""
-    from importlib import resources
-
     rows = [json.loads(x) for x in resources.files("river_edge").joinpath("data/calibration.jsonl")
             .read_text().splitlines() if x.strip()]
     by = {}

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from river_edge.format import RiverError
+
 
 def rotation(cfgs: Sequence, r: int) -> list:
     """The order of round r: the configurations rotated by r."""
@@ -97,8 +99,6 @@ def parse_configs(items: str | Sequence[str], names: Sequence[str],
     `names` or a parameterised one, PREFIX + VALUE for a prefix of `params` ("tau=0.9", "gated@0.25"), whose
     function checks the value (raising RiverError or ValueError). Lower-cased; empty and repeated names dropped.
     An unknown name or a bad value is one line naming it and what is accepted."""
-    from river_edge.format import RiverError
-
     params = params or {}
     raw = items.split(",") if isinstance(items, str) else list(items)
     out = []

@@ -17,6 +17,7 @@ all of them); peak memory in a fresh process; and the mode's telemetry.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -24,15 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from river_edge.measure import bench as B
-from river_edge.measure import files as BF
+from river_edge import format as F, zoo
+from river_edge.format import MODES, RiverError
+from river_edge.gguf_tools.inspect import inspect_gguf
+from river_edge.host import devices, host, placement
+from river_edge.measure import bench as B, files as BF
 from river_edge.measure.files import PLAIN
 from river_edge.measure.harness import alternate, bootstrap_ci, paired, parse_configs, timed_greedy, within
 from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
-from river_edge import format as F
-from river_edge.format import RiverError
 from river_edge.progress import no_progress
-from river_edge.format import MODES
+from river_edge.tokenizer import Tokenizer
 
 SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
 SYNC = ("sync",)   # the rule checking every layer and never exiting: the cost of the exit decisions
@@ -51,9 +53,6 @@ def parse_modes(text: str) -> list[str]:
 
 def draft_for(river_path: Path, draft: str | Path | None, progress=None) -> Path:
     """The draft model of `exact:draft`: the one given (a GGUF or a zoo name), else the zoo's default."""
-    from river_edge import zoo
-    from river_edge.gguf_tools.inspect import inspect_gguf
-
     if draft is None:
         draft = DRAFTS.get(BF.source_model(inspect_gguf(river_path)) or "")
         if draft is None:
@@ -70,8 +69,6 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         max_rounds: int = DEFAULTS["max_rounds"], ci: float = DEFAULTS["ci"], draft: str | Path | None = None,
         memory: bool = True, prompts: Sequence[str] | None = None, offload: dict | None = None,
         flash_attn: bool = False, progress=None) -> dict:
-    from river_edge.tokenizer import Tokenizer
-
     say = progress or no_progress
     if tokens < 2 or rounds < 1 or threads < 1:
         raise RiverError("tokens must be at least 2, rounds and threads at least 1")
@@ -87,7 +84,6 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     chats = [Tokenizer(river_path).chat(t) for t in texts]
     n_ctx = max(len(c) for c in chats) + tokens + 16
     from river_edge.runtime.drafters import DraftModel
-    from river_edge.host import host, placement
     from river_edge.runtime.llama import RiverLlama
 
     def load(path):
@@ -184,7 +180,6 @@ def _offload_note(offload: dict | None) -> dict | None:
     """What ran where: n_gpu_layers, the rpc-servers named, and ggml's device list of this process."""
     if not offload:
         return None
-    from river_edge.host import devices
 
     return {**offload, "devices": devices()}
 
@@ -205,8 +200,6 @@ def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int], fl
 
 
 def _memory_probe(arg: str) -> None:
-    import json
-
     from river_edge.runtime.drafters import DraftModel
     from river_edge.runtime.llama import RiverLlama
 

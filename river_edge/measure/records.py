@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from river_edge.format import RiverError
+from river_edge.gguf_tools.writer import replacing_together
 
 SMOL, QWEN, QWEN15, GEMMA = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m"
 PLAIN = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
@@ -131,8 +132,6 @@ def check_out(out_dir: str | Path) -> Path:
 def write(res: dict, out_dir: str | Path, stem: str, plot) -> tuple[Path, Path]:
     """res as <stem>.json and plot(res) as <stem>.png in out_dir (plot: a figure of measure/plots.py), the two
     together or neither."""
-    from river_edge.gguf_tools.writer import replacing_together
-
     out_dir = check_out(out_dir)
     j, png = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
     with replacing_together([j, png]) as (tj, tpng):

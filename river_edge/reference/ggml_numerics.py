@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from gguf import GGMLQuantizationType as T
 
+from river_edge.gguf_tools.reader import open_gguf
+
 _Q8_0 = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
 _Q8_K = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
 
@@ -52,7 +54,6 @@ def activation_rounding(wtype: T):
 def unrounded_weights(llm) -> list[str]:
     """Weights of a loaded llama_cpp.Llama that ggml multiplies with f32 activations as they are: F16 weights
     placed in the AMX buffer type (its F16 kernels widen the weight to f32 instead of rounding activations)."""
-    from river_edge.gguf_tools.reader import open_gguf
     from river_edge.runtime.capi import tensor_buft
 
     return [t.name for t in open_gguf(llm.model_path).tensors

@@ -11,6 +11,7 @@ import llama_cpp
 import numpy as np
 
 from river_edge.format import RiverError
+from river_edge.gguf_tools.reader import open_gguf
 
 _c = ctypes
 _API = {
@@ -101,8 +102,6 @@ def invariant_repack() -> set[str]:
 def batch_departing(llm: llama_cpp.Llama, path) -> list[str]:
     """Backbone weights whose buffer type computes a batch's rows with other kernels than one row's, even under
     batch invariance (patches/0013): RiverLlama.batch_invariant is False while there are any."""
-    from river_edge.gguf_tools.reader import open_gguf
-
     ok = invariant_repack()
     return [t.name for t in open_gguf(path).tensors if t.name.startswith("blk.") and t.tensor_type.name not in ok
             and tensor_buft(llm, t.name) == "CPU_REPACK"]

@@ -21,10 +21,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+import llama_cpp
 import numpy as np
 
 from river_edge.format import RiverError
 from river_edge.runtime.decoder import Decoder
+from river_edge.tokenizer import quiet_llama_logs
 
 NAMED = ("river", "ngram", "ngram-cache", "river+ngram")
 FREE = ("ngram", "ngram-cache")      # drafters that cost no model step
@@ -132,10 +134,6 @@ class DraftModel:
     its drafts of the last cycle are dropped there."""
 
     def __init__(self, path: str | Path, main):
-        import llama_cpp
-
-        from river_edge.tokenizer import quiet_llama_logs
-
         path = Path(path)
         if not path.is_file():
             raise RiverError(f"draft model {path}: no such file")

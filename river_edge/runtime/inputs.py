@@ -9,6 +9,7 @@ import llama_cpp
 import numpy as np
 
 from river_edge.format import RiverError
+from river_edge.tokenizer import quiet_llama_logs
 
 
 def check_tokens(tokens, n_vocab: int, what: str = "tokens") -> None:
@@ -23,8 +24,6 @@ def check_tokens(tokens, n_vocab: int, what: str = "tokens") -> None:
 
 def grammar_error(llm, text: str) -> str | None:
     """Why llama.cpp's GBNF parser refuses a grammar (its own message), or None when it parses."""
-    from river_edge.tokenizer import quiet_llama_logs
-
     if not isinstance(text, str):
         return f"a grammar is GBNF text, not {type(text).__name__}"
     with quiet_llama_logs() as log:

@@ -18,15 +18,17 @@ from jinja2 import TemplateError
 
 from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
+from river_edge.gguf_tools.reader import open_gguf
 from river_edge.runtime.capi import _lib, batch_departing, exit_histogram_of, model_params, tensor_buft
 from river_edge.runtime.decoder import Decoder
 from river_edge.runtime.inputs import check_grammar, check_tokens, token_cap
+from river_edge.runtime.rpc import connect
+from river_edge.runtime.spec import Spec  # decoding modes (river_edge/runtime/spec.py)
+from river_edge.tokenizer import quiet_llama_logs
 
 
 def _has_river_tensors(path: Path) -> bool:
     # Only on the stock-runtime path, to turn llama.cpp's "wrong number of tensors" into a clear message.
-    from river_edge.gguf_tools.reader import open_gguf
-
     return any(t.name.startswith("river.") for t in open_gguf(path).tensors)
 
 
@@ -55,8 +57,6 @@ class RiverLlama(llama_cpp.Llama):
             raise RiverError(f"{path} is a river GGUF: it needs river-edge's patched llama-cpp-python "
                              "(run `make setup`); this one is stock")
         if kwargs.get("rpc_servers"):
-            from river_edge.runtime.rpc import connect
-
             try:
                 connect(kwargs["rpc_servers"])
             except ValueError as e:   # a malformed endpoint list
@@ -78,7 +78,6 @@ class RiverLlama(llama_cpp.Llama):
         # or a prompt-cache cut, pushed out of it would be gone when the cache is cut back (llama.cpp's own
         # speculative decoding needs the same). No effect on a model without sliding-window layers.
         kwargs.setdefault("swa_full", True)
-        from river_edge.tokenizer import quiet_llama_logs
 
         with quiet_llama_logs() if not kwargs["verbose"] else contextlib.nullcontext([]) as log:
             try:
@@ -100,7 +99,6 @@ class RiverLlama(llama_cpp.Llama):
                 self.scores = np.zeros((self._n_ctx, self._n_vocab), dtype=np.single)
         self.n_layer = int(llama_cpp.llama_model_n_layer(self._model.model))
         self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
-        from river_edge.runtime.spec import Spec  # decoding modes (river_edge/runtime/spec.py)
 
         self.decoder = Decoder(self)   # the model as the decoding modes see it (decoder.py)
         # the mode first (it sets the forced exit: the runtime's own default is the backbone), then the

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as c
+import gc
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from river_edge.format import RiverError
@@ -147,8 +150,6 @@ def local_servers(n: int, threads: int = 1, timeout: float = 30.0):
                 time.sleep(0.1)
         yield endpoints
     finally:
-        import gc
-
         gc.collect()   # models (reference cycles) free their buffers on the servers first: ggml aborts otherwise
         for p in procs:
             p.terminate()
@@ -163,9 +164,6 @@ def local_servers(n: int, threads: int = 1, timeout: float = 30.0):
 def delayed(endpoints: list[str], delay_ms: float):
     """A TCP forwarder on 127.0.0.1 per endpoint that holds every chunk delay_ms before passing it on, both ways:
     a network's latency on one host (benchmarks). Yields the forwarders' endpoints, in order."""
-    import queue
-    import threading
-
     stop = threading.Event()
     listeners, out = [], []
 
@@ -221,8 +219,6 @@ def delayed(endpoints: list[str], delay_ms: float):
             threading.Thread(target=forward, args=(lst, ep), daemon=True).start()
         yield out
     finally:
-        import gc
-
         gc.collect()   # as in local_servers: models free their server buffers while the path is still open
         stop.set()
         for lst in listeners:
