@@ -192,7 +192,8 @@ def _eval(evals: dict[str, dict]) -> list[str]:
 
 
 def _spec_compare(s: dict, t: dict | None = None) -> list[str]:
-    """t: the same-text pass (text_spec_compare_*.json) where one was made."""
+    """t: the same-text pass (text_spec_compare_*.json) where one was made and covers the timed configurations."""
+    t = t if t and set(s["ratio_median"]) <= set(t["identical_runs"]) else None
     same = "runs identical" if t else "rounds identical"
     out = [f"**Exact speed-ups on {s['model']}** (`.venv/bin/python bench/spec_compare.py`; {s['tokens']} greedy tokens x "
            f"{s['rounds']} rounds alternating, no intervals; peak memory in a fresh process; {where(s)}):", "",

@@ -249,3 +249,8 @@ def test_the_speculation_comparison_counts_same_text_over_its_prompt_pass():
     text = "\n".join(R._spec_compare(s, t))
     assert "| config | tok/s | x backbone | runs identical | peak MiB |" in text and "| prompt-lookup:2 | 8.0 | 0.80 | 13/16 |" in text
     assert "once on each of 16 distinct prompts" in text and "the variant AMD EPYC (avx2) loads" in text
+    # a pass over other configurations than the timed table's (an older table): the timed rounds, not a mix
+    older = {**s, "ratio_median": {**s["ratio_median"], "prompt-lookup": 0.9}, "tok_s_median": {**s["tok_s_median"],
+             "prompt-lookup": 9.0}, "identical_rounds": {**s["identical_rounds"], "prompt-lookup": 7}}
+    text = "\n".join(R._spec_compare(older, t))
+    assert "| prompt-lookup | 9.0 | 0.90 | 7/8 |" in text and "13/16" not in text and "distinct prompts" not in text
