@@ -202,8 +202,9 @@ def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str], a
     if speeds != out:
         print(f"speed steps: {speeds} (this machine, {here['cpu']['model']}; {out} holds another host's)")
     for name, (fn, kw) in STEPS.items():
-        if only and name not in only or as_host and not name.startswith("text_"):
-            continue
+        if only and name not in only or as_host and not (name.startswith("text_") and
+                                                         (as_host / f"{timed_table(name)}.json").is_file()):
+            continue   # --as-host: only the text passes of the tables that host has
         folder = speeds if name.startswith(SPEED) else out
         dst = folder / f"{name}.json"
         if dst.is_file() and name not in redo:
@@ -222,6 +223,13 @@ def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str], a
             res.setdefault("load_average_end", os.getloadavg())
         write_text(dst, json.dumps(res, indent=1) + "\n")
         print(f"\n{name}: {time.time() - t0:.0f} s")
+
+
+def timed_table(text_step: str) -> str:
+    """The timed table a text step counts the same text for: text_KEY -> modes_KEY, text_spec_compare_M ->
+    spec_compare_M."""
+    rest = text_step.removeprefix("text_")
+    return rest if rest.startswith("spec_compare_") else f"modes_{rest}"
 
 
 def _host_of(folder: Path) -> tuple[str, str]:

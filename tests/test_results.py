@@ -178,7 +178,7 @@ def test_same_text_counts_come_from_the_sixteen_prompt_pass(tmp_path):
 
 def test_as_host_runs_only_the_text_steps_into_that_hosts_folder(tmp_path, monkeypatch):
     """--as-host hosts/NAME: the same-text pass of another host's tables, run here under the CPU variant that host
-    loaded, written into its folder and saying so; no speed step runs."""
+    loaded, written into its folder and saying so; no speed step runs, nor the pass of a table it lacks."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("results_script", R.__file__.replace("report.py", "results.py"))
@@ -189,13 +189,15 @@ def test_as_host_runs_only_the_text_steps_into_that_hosts_folder(tmp_path, monke
     def step(folder, limit, name):
         ran.append((name, folder))
         return {}
-    monkeypatch.setattr(script, "STEPS", {n: (step, dict(name=n)) for n in ("modes_a", "text_a", "quality_a")})
+    monkeypatch.setattr(script, "STEPS", {n: (step, dict(name=n))   # text_b: a table that host does not have
+                                          for n in ("modes_a", "text_a", "text_b", "quality_a")})
     amd = tmp_path / "hosts" / "zen4"
     amd.mkdir(parents=True)
     rec = {"host": {"cpu": {"model": "AMD EPYC", "isa": ["avx2"], "cpus": 2}, "runtime": {"cpu_variant": "zen4"}},
            "threads": 2}
     (amd / "modes_a.json").write_text(json.dumps(rec))
     assert script._host_of(amd) == ("AMD EPYC (avx2)", "zen4")
+    assert script.timed_table("text_a") == "modes_a" and script.timed_table("text_spec_compare_m") == "spec_compare_m"
     script.run(tmp_path, None, None, [], as_host=amd)
     assert ran == [("text_a", amd)] and json.loads((amd / "text_a.json").read_text())["as_host"] == "AMD EPYC (avx2)"
     (amd / "modes_b.json").write_text(json.dumps(dict(rec, host={"cpu": {"model": "AMD EPYC"}})))  # no variant named
