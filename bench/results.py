@@ -69,6 +69,7 @@ def _exact_river(model: str, backbone: str = "f16") -> Path:
     if backbone != "f16":
         path = path.with_name(f"{model}.{backbone}.river.gguf")
     if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)   # the cache's folder: a fresh machine has none yet
         build_calibrated_river(zoo.prepare(model), path, target=None, progress=_say, backbone=backbone)
     return path
 
