@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -240,7 +241,8 @@ def _host_of(folder: Path) -> tuple[str, str]:
     variants = {((m.get("host") or {}).get("runtime") or {}).get("cpu_variant") for m in ms}
     if len(variants) != 1 or None in variants:
         raise SystemExit(f"{folder}: its modes runs name no single ggml CPU variant ({variants or 'no runs'})")
-    return host_line(ms[0]).split(", ")[0].removeprefix("host "), variants.pop()
+    cpu = re.match(r"host (.*?), \S+ threads", host_line(ms[0]))   # "MODEL (ISA, ...)": the ISA list has commas too
+    return cpu.group(1), variants.pop()
 
 
 def as_host_env(folder: Path) -> None:

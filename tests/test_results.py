@@ -193,13 +193,14 @@ def test_as_host_runs_only_the_text_steps_into_that_hosts_folder(tmp_path, monke
                                           for n in ("modes_a", "text_a", "text_b", "quality_a")})
     amd = tmp_path / "hosts" / "zen4"
     amd.mkdir(parents=True)
-    rec = {"host": {"cpu": {"model": "AMD EPYC", "isa": ["avx2"], "cpus": 2}, "runtime": {"cpu_variant": "zen4"}},
+    rec = {"host": {"cpu": {"model": "AMD EPYC", "isa": ["avx2", "avx512f"], "cpus": 2},
+                    "runtime": {"cpu_variant": "zen4"}},
            "threads": 2}
     (amd / "modes_a.json").write_text(json.dumps(rec))
-    assert script._host_of(amd) == ("AMD EPYC (avx2)", "zen4")
+    assert script._host_of(amd) == ("AMD EPYC (avx2, avx512f)", "zen4")
     assert script.timed_table("text_a") == "modes_a" and script.timed_table("text_spec_compare_m") == "spec_compare_m"
     script.run(tmp_path, None, None, [], as_host=amd)
-    assert ran == [("text_a", amd)] and json.loads((amd / "text_a.json").read_text())["as_host"] == "AMD EPYC (avx2)"
+    assert ran == [("text_a", amd)] and json.loads((amd / "text_a.json").read_text())["as_host"] == "AMD EPYC (avx2, avx512f)"
     (amd / "modes_b.json").write_text(json.dumps(dict(rec, host={"cpu": {"model": "AMD EPYC"}})))  # no variant named
     with pytest.raises(SystemExit, match="no single ggml CPU variant"):
         script._host_of(amd)
