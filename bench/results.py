@@ -198,7 +198,7 @@ def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str], a
     from river_edge.measure.records import host_folder, machine, recorded_machine
 
     here = host()
-    speeds = as_host or host_folder(out, here)
+    speeds = as_host.resolve() if as_host else host_folder(out, here)   # resolved: its paths print relative to out
     for folder in (out, speeds):
         folder.mkdir(parents=True, exist_ok=True)
     if speeds != out:

@@ -201,6 +201,9 @@ def test_as_host_runs_only_the_text_steps_into_that_hosts_folder(tmp_path, monke
     assert script.timed_table("text_a") == "modes_a" and script.timed_table("text_spec_compare_m") == "spec_compare_m"
     script.run(tmp_path, None, None, [], as_host=amd)
     assert ran == [("text_a", amd)] and json.loads((amd / "text_a.json").read_text())["as_host"] == "AMD EPYC (avx2, avx512f)"
+    monkeypatch.chdir(tmp_path)   # resumed with the folder named relative to here: the done step is skipped
+    script.run(tmp_path, None, None, [], as_host=Path("hosts/zen4"))
+    assert ran == [("text_a", amd)]
     (amd / "modes_b.json").write_text(json.dumps(dict(rec, host={"cpu": {"model": "AMD EPYC"}})))  # no variant named
     with pytest.raises(SystemExit, match="no single ggml CPU variant"):
         script._host_of(amd)
