@@ -209,7 +209,10 @@ def _spec_compare(s: dict, t: dict | None = None) -> list[str]:
         v = ((t.get("host") or {}).get("runtime") or {}).get("cpu_variant")
         out += ["", f"*Runs identical*: every configuration once on each of {t['runs']} distinct prompts, {t['tokens']} "
                 f"greedy tokens, untimed (`--text-prompts`), on {host_line(t).split(', load')[0]}, ggml's {v} variant"
-                + (f", the variant {t['as_host']} loads, at its thread count" if t.get("as_host") else "") + "."]
+                + (f", the variant {t['as_host']} loads, at its thread count" if t.get("as_host") else "") + ". "
+                "The reference, *backbone*, is a stock `llama_cpp.Llama` on the backbone file: its prompt runs as one "
+                "batch through ggml's default kernels, while exact mode writes the batch-invariant backbone's "
+                "one-token text (RiverLlama's backbone mode), so a near-tie can part the two."]
     return out + [""]
 
 
