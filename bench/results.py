@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -236,13 +235,12 @@ def timed_table(text_step: str) -> str:
 
 def _host_of(folder: Path) -> tuple[str, str]:
     """Another host's folder: its CPU in a few words and the ggml CPU variant its modes runs loaded."""
-    from river_edge.measure.records import host_line
+    from river_edge.measure.records import cpu_words
     ms = [json.loads(p.read_text()) for p in sorted(folder.glob("modes_*.json"))]
     variants = {((m.get("host") or {}).get("runtime") or {}).get("cpu_variant") for m in ms}
     if len(variants) != 1 or None in variants:
         raise SystemExit(f"{folder}: its modes runs name no single ggml CPU variant ({variants or 'no runs'})")
-    cpu = re.match(r"host (.*?), \S+ threads", host_line(ms[0]))   # "MODEL (ISA, ...)": the ISA list has commas too
-    return cpu.group(1), variants.pop()
+    return cpu_words(ms[0]), variants.pop()
 
 
 def as_host_env(folder: Path) -> None:

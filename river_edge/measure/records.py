@@ -55,16 +55,21 @@ def dash(v, f="{:.2f}"):
     return "-" if v is None else f.format(v)
 
 
-def host_line(m: dict) -> str:
-    """The host line every speed table carries: figures from other hosts never share a table."""
+def cpu_words(m: dict) -> str:
+    """A record's CPU in a few words: its model and the ISA flags that decide ggml's kernels."""
     cpu = (m.get("host") or {}).get("cpu") or {}
     isa = [x for x in cpu.get("isa", []) if x in ("avx2", "avx512f", "amx_tile", "asimd", "sve")]
+    return cpu.get("model", "not recorded") + (f" ({', '.join(isa)})" if isa else "")
+
+
+def host_line(m: dict) -> str:
+    """The host line every speed table carries: figures from other hosts never share a table."""
     bt = sorted({b for f in (m.get("buffer_types") or {}).values() for kinds in f.values() for b in kinds})
     h = m.get("host") or {}
     load = m.get("load_before") or (m.get("machine") or {}).get("load_before") or {}
     load = load.get("loadavg_1_5_15") if isinstance(load, dict) else load   # spec_compare: os.getloadavg() itself
     load = load or h.get("loadavg_1_5_15")
-    return (f"host {cpu.get('model', 'not recorded')}" + (f" ({', '.join(isa)})" if isa else "") +
+    return (f"host {cpu_words(m)}" +
             f", {m.get('threads') or h.get('threads')} threads" + (f", load {load[0]:.2f}" if load else "") +
             (f", weights in {'/'.join(bt)} buffers" if bt else ""))
 
