@@ -165,7 +165,12 @@ def main(argv=None) -> int:
         rows.append({c: res[c][1] for c in configs})
         print(r, {c: round(rows[-1][c] / rows[-1]["backbone"], 2) for c in configs}, flush=True)
     ex = models["exact"].stats() if "exact" in models else {}
-    del models
+    from river_edge.host import host, placement
+
+    held = {"backbone": models["backbone"], "river": models.get("exact"),   # whose weights sit in which buffers
+            "draft": getattr(getattr(models.get("draft-model"), "draft_model", None), "llm", None)}
+    bufts = {f: placement(m) for f, m in held.items() if m is not None}
+    del models, held   # free before the memory probes
     mem = {}
     for c in configs:
         out = subprocess.run([sys.executable, __file__, "--probe", c, "--river", a.river, "--backbone", a.backbone,
@@ -174,12 +179,11 @@ def main(argv=None) -> int:
         lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
         mem[c] = json.loads(lines[-1])["peak_mib"] if lines else None
     files = {"backbone": a.backbone, "river": a.river, "draft": a.draft}
-    from river_edge.host import host
-
     summary = {
         "model": a.name, "files": files, "file_mib": {k: Path(v).stat().st_size / 2**20 for k, v in files.items()},
         "threads": a.threads, "tokens": a.tokens, "rounds": a.rounds, "draft_k": a.k,
         "prompts": PROMPTS, "load_before": load_before, "load_after": os.getloadavg(), "host": host(a.threads),
+        "buffer_types": bufts,
         "tok_s_median": {c: float(np.median([row[c] for row in rows])) for c in configs},
         "ratio_median": {c: float(np.median([row[c] / row["backbone"] for row in rows])) for c in configs},
         "identical_rounds": {c: int(sum(same[c])) for c in configs},
