@@ -9,7 +9,8 @@ from pathlib import Path
 import upcast
 from headline import HEADLINE, headline, paired_ratio
 from river_edge.measure import plots as P
-from river_edge.measure.records import GEMMA, QWEN, QWEN15, SMOL, dash, host_line, load, load_modes, other_hosts, same_text_note, where
+from river_edge.measure.records import (GEMMA, QWEN, QWEN15, SMOL, cpu_words, dash, host_line, load, load_modes,
+                                        other_hosts, same_text_note, where)
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
@@ -208,7 +209,7 @@ def _spec_compare(s: dict, t: dict | None = None) -> list[str]:
     if t:
         v = ((t.get("host") or {}).get("runtime") or {}).get("cpu_variant")
         out += ["", f"*Runs identical*: every configuration once on each of {t['runs']} distinct prompts, {t['tokens']} "
-                f"greedy tokens, untimed (`--text-prompts`), on {host_line(t).split(', load')[0]}, ggml's {v} variant"
+                f"greedy tokens, untimed (`--text-prompts`), on host {cpu_words(t)}, {t['threads']} threads, ggml's {v} variant"
                 + (f", the variant {t['as_host']} loads, at its thread count" if t.get("as_host") else "") + ". "
                 "The reference, *backbone*, is a stock `llama_cpp.Llama` on the backbone file: its prompt runs as one "
                 "batch through ggml's default kernels, while exact mode writes the batch-invariant backbone's "
