@@ -15,7 +15,11 @@ rounds of (config tok/s) / (backbone tok/s) of the same round; every output is c
 Peak resident memory of each configuration is measured in a fresh subprocess (load, 32 tokens).
 Writes bench/results/spec_compare_<name>.json and .png. `--text-prompts N` instead counts, untimed, how many of N
 distinct prompts (the four above, then packaged calibration prompts) each configuration writes the backbone's text
-for, one configuration loaded at a time: text_spec_compare_<name>.json.
+for, one configuration loaded at a time: text_spec_compare_<name>.json. `--parting TEXT_JSON` then says, for each
+prompt where exact parts from the stock backbone there, which side moved (parting_<name>.json beside it):
+
+    GGML_CPU_VARIANT=zen4 .venv/bin/python bench/spec_compare.py --river ... --draft ... --name qwen2.5-coder-1.5b \
+        --parting bench/results/hosts/amd-epyc-zen4/text_spec_compare_qwen2.5-coder-1.5b.json
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
 from river_edge.gguf_tools.writer import write_text
+from river_edge.host import host, placement
 from river_edge.measure.harness import rotation, timed_greedy
 from river_edge.measure.plots import save
 from river_edge.measure.records import cpu_words
@@ -107,7 +112,6 @@ def probe(config: str, a) -> None:
 
 def text_pass(a) -> dict:
     """Each configuration once on each of a.text_prompts distinct prompts; how many equal the backbone's tokens."""
-    from river_edge.host import host
     from river_edge.measure.files import packaged_prompts
 
     configs = ["backbone"] + [c for c in a.configs.split(",") if c != "backbone"]
@@ -123,6 +127,39 @@ def text_pass(a) -> dict:
                                                         for c in configs}, "runs": len(texts), "outputs": outs}
 
 
+def parting(a, text: dict) -> dict:
+    """Where exact parts from the stock backbone in a same-text pass, which side moved: the parting token's top two
+    logits in the stock run (prompt as one batch), and the texts of the stock Llama fed the prompt one token at a
+    time and of RiverLlama's backbone mode (each compared with exact's)."""
+    from river_edge.runtime.llama import RiverLlama
+
+    kw = dict(n_ctx=1024, n_threads=a.threads, n_threads_batch=a.threads, seed=0, verbose=False)
+    rows = []
+    for i, (b, e) in enumerate(zip(text["outputs"]["backbone"], text["outputs"]["exact"])):
+        if b == e:
+            continue
+        k = next(j for j in range(min(len(b), len(e))) if b[j] != e[j])
+        m = llama_cpp.Llama(a.backbone, logits_all=True, **kw)
+        p = m.tokenize(text["prompts"][i].encode())
+        first = int(next(iter(m.generate(p, temp=0.0, reset=True))))   # outputs start after the first token
+        m.reset()
+        m.eval(p)                                # as the stock run decodes: the prompt as one batch, then token by token
+        for t in [first] + b[:k]:
+            m.eval([t])
+        lg = np.asarray(m.scores[len(p) + k])  # the row that chose output k
+        row = {"prompt": i, "output_token": k, "top2": [[int(t), m.detokenize([int(t)]).decode(errors="replace"),
+                                                        float(lg[t])] for t in np.argsort(lg)[::-1][:2]]}
+        m.close()
+        for name, make in (("stock_one_token_at_a_time", lambda: llama_cpp.Llama(a.backbone, n_batch=1, **kw)),
+                           ("river_backbone_mode", lambda: RiverLlama(a.river, mode="backbone", **kw))):
+            m = make()
+            row[name + "_equals_exact"] = gen(m, m.tokenize(text["prompts"][i].encode()), len(e))[0] == e
+            m.close()
+        rows.append(row)
+    return {"kind": "parting", "model": a.name, "text": text.get("as_host") or "this host", "host": host(a.threads),
+            "rows": rows}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--river", required=True, help="river GGUF of the target model (built with a river head)")
@@ -135,6 +172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--text-prompts", type=int, help="the same-text pass over N distinct prompts instead (untimed)")
+    ap.add_argument("--parting", type=Path, help="a text_spec_compare JSON: where exact parts from the stock "
+                    "backbone there, which side moved (parting_<name>.json beside it; run under that JSON's CPU variant)")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args(argv)
@@ -145,6 +184,10 @@ def main(argv=None) -> int:
             plain(a.river, a.backbone, "backbone")
     if a.probe:
         probe(a.probe, a)
+        return 0
+    if a.parting:
+        write_text(a.parting.with_name(f"parting_{a.name}.json"),
+                   json.dumps(parting(a, json.loads(a.parting.read_text())), indent=1) + "\n")
         return 0
     if a.text_prompts:
         a.out.mkdir(parents=True, exist_ok=True)
@@ -166,8 +209,6 @@ def main(argv=None) -> int:
         rows.append({c: res[c][1] for c in configs})
         print(r, {c: round(rows[-1][c] / rows[-1]["backbone"], 2) for c in configs}, flush=True)
     ex = models["exact"].stats() if "exact" in models else {}
-    from river_edge.host import host, placement
-
     held = {"backbone": models["backbone"], "river": models.get("exact"),   # whose weights sit in which buffers
             "draft": getattr(getattr(models.get("draft-model"), "draft_model", None), "llm", None)}
     bufts = {f: placement(m) for f, m in held.items() if m is not None}
