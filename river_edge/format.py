@@ -119,7 +119,7 @@ def check_forced_exit(v, n_layer: int) -> int | None:
 # two own the decoding loop (runtime/spec.py), the others are one llama.cpp decode per token with the river set so
 MODES = ("exact", "gated", "river", "fast", "backbone")
 LOOP_MODES = ("exact", "gated")
-LOSSLESS_MODES = ("exact", "backbone")   # their text is the backbone's: batch invariance on, backbone K/V only
+LOSSLESS_MODES = ("exact", "backbone")   # their text is the stock runtime's on the same file: backbone K/V only
 # Each front end's default. The library (and `river chat`, which is the library's loop) runs the paper's method (the
 # rule: river); `river serve` runs exact mode, because an API client asks for the model's text and exact mode is that
 # text. A GGUF without a river runs as the stock model (backbone) everywhere.

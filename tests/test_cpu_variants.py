@@ -3,7 +3,8 @@
 The runtime is built as llama.cpp's releases are (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS: one
 libggml-cpu-<variant> per ISA level, the best one loaded by default). Each variant the host can run is
 loaded alone (GGML_CPU_VARIANT, patch 0010) in a subprocess that runs the buffer-type matrix of
-test_runtime.py's invariants; a variant this CPU cannot execute is skipped with that reason.
+test_runtime.py's invariants and test_invariance.py's bits, and under haswell (AVX2: no AMX, no AVX512) the whole
+exactness and modes suites too; a variant this CPU cannot execute is skipped with that reason.
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ INVARIANTS = "river_off or forced_exit or mixed_exits or all_river or exact_is o
 # There the reference comparison of forced exits is left out; every other invariant runs.
 REDUCED = {"sse42": "river_off or mixed_exits or all_river or exact_is or same_bits",
            "sandybridge": "river_off or mixed_exits or all_river or exact_is or same_bits"}
+# and the whole exactness and modes suites under one variant without AMX or AVX512 (AVX2's kernels, llamafile's sgemm
+# for F16 batches): what an AVX2-only host or a Zen 4 takes, a host with AMX catches too
+FULL = {"haswell": ["tests/test_spec.py", "tests/test_invariance.py", "tests/test_drafters.py"]}
 # what ggml's feature line must show for a variant (the ISA it was built for)
 FEATURES = {"x64": [], "haswell": ["AVX2 = 1"], "skylakex": ["AVX512 = 1"], "icelake": ["AVX512_VNNI = 1"],
             "alderlake": ["AVX_VNNI = 1"], "sapphirerapids": ["AMX_INT8 = 1"], "zen4": ["AVX512_BF16 = 1"],
@@ -60,8 +64,10 @@ def test_invariants_under_cpu_variant(variant):
         assert f in info.stdout, (variant, info.stdout)
     if variant == "x64":
         assert "AVX = 1" not in info.stdout, info.stdout
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_runtime.py",
-                        "tests/test_invariance.py", "-k", REDUCED.get(variant, INVARIANTS)], env=env, capture_output=True, text=True, timeout=1500,
-                       cwd=Path(__file__).parent.parent)
-    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
-    assert r.returncode == 0 and " passed" in tail and "failed" not in tail, r.stdout[-4000:] + r.stderr[-2000:]
+    runs = [["tests/test_runtime.py", "tests/test_invariance.py", "-k", REDUCED.get(variant, INVARIANTS)]]
+    runs += [FULL[variant]] if variant in FULL else []
+    for args in runs:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], env=env,
+                           capture_output=True, text=True, timeout=1500, cwd=Path(__file__).parent.parent)
+        tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
+        assert r.returncode == 0 and " passed" in tail and "failed" not in tail, r.stdout[-4000:] + r.stderr[-2000:]

@@ -77,6 +77,25 @@ def test_draft_model_is_exact_and_its_own_backbone_is_always_accepted(model, tmp
         assert (s["accepted"] == s["drafted"]) == all_kept
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "ngram-cache", "draft"])
+def test_exact_mode_on_a_plain_gguf(tiny_qwen2_base, drafter):
+    """Any GGUF the runtime loads runs exact mode with a drafter that needs no river: the text is llama_cpp.Llama's on
+    the same file, token for token, and it drafts."""
+    import llama_cpp
+
+    stock = llama_cpp.Llama(str(tiny_qwen2_base), n_ctx=256, seed=0, verbose=False)
+    ex = _llm(tiny_qwen2_base, "exact")
+    ex.drafter = str(tiny_qwen2_base) if drafter == "draft" else drafter   # its own weights as a draft model
+    ex.modes.draft_k = 3
+    assert not ex.has_river and ex.drafter in (drafter, str(tiny_qwen2_base))
+    for p in ([1, 5, 9, 200, 5, 9, 200, 5, 9], [1, 17], [1, 42, 43, 44, 45, 42, 43, 44]):
+        want = [t for _, t in zip(range(40), stock.generate(p, temp=0.0))]
+        assert [t for _, t in zip(range(40), ex.generate(p, temp=0.0))] == want
+    assert ex.stats()["drafted"] > 0
+    with pytest.raises(RiverError, match="needs a river"):
+        ex.drafter = "river+ngram"
+
+
 def test_drafter_errors(model, tmp_path):
     from river_edge.gguf_tools.tiny import write_tiny_model
 

@@ -1,12 +1,15 @@
-"""Batch-invariant decoding (patches/0013): with it on, every row's logits are bit-identical whether the token is
-decoded alone, in a batch of 2..16 or in any prompt chunking, for every weight type the backbone ships in, with
-ggml's extra buffer types on and off; exact mode then writes one-token decoding's text by construction."""
+"""Batch-invariant verification (patches/0013): a verification batch run on ggml's reference kernels gives every row
+the bits of decoding that token alone on the stock kernels, for every weight type the backbone ships in, with ggml's
+extra buffer types on and off; the prompt and one-token steps keep the stock kernels, so exact mode writes what the
+stock runtime (llama_cpp.Llama on the same file) writes, token for token and cell for cell."""
 from __future__ import annotations
 
+import llama_cpp
 import numpy as np
 import pytest
 
 from river_edge.gguf_tools.tiny import write_tiny_model
+from river_edge.runtime.capi import model_params
 from river_edge.runtime.llama import RiverLlama
 
 from conftest import ARCHS
@@ -15,7 +18,7 @@ capi = pytest.importorskip("river_edge.runtime.capi")
 pytestmark = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
 TYPES = ["f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
-N = 24
+N, P = 40, 8     # tokens, of which the first P are a prompt (one stock batch)
 
 
 @pytest.fixture(scope="module", params=[(a, t) for a in ("llama", "qwen2", "qwen3") for t in TYPES],
@@ -27,75 +30,96 @@ def typed(request, tmp_path_factory):
                             wtype=wtype, seed=5, tie_embeddings=arch != "llama")
 
 
-def _rows(llm, toks, sizes) -> np.ndarray:
-    """Logits of every position with the tokens decoded in chunks of these sizes (cycled)."""
-    llm.reset()
-    i, j = 0, 0
-    while i < len(toks):
-        n = sizes[j % len(sizes)]
-        llm.eval(toks[i:i + n])
+def _alone(llm, toks, p0=P) -> np.ndarray:
+    """Logits of positions p0.. as the stock runtime decodes them: the prompt toks[:p0] in one batch, then one token
+    at a time."""
+    dec = llm.decoder
+    dec.remove(0)
+    out = [np.array(dec.decode(toks[:p0], 0)[0])] if p0 else []
+    out += [np.array(dec.decode([toks[i]], i)[0]) for i in range(p0, len(toks) - 1)]
+    return np.stack(out)
+
+
+def _verified(llm, toks, sizes, invariant=True, p0=P) -> np.ndarray:
+    """The same positions' logits with the tokens after the prompt decoded in verification batches of these sizes
+    (cycled)."""
+    dec = llm.decoder
+    dec.remove(0)
+    out = [np.array(dec.decode(toks[:p0], 0)[0])] if p0 else []
+    i, j = p0, 0
+    while i < len(toks) - 1:
+        n = min(sizes[j % len(sizes)], len(toks) - 1 - i)
+        out += list(np.array(dec.verify(toks[i:i + n], i, invariant)))
         i, j = i + n, j + 1
-    return np.array(llm.scores[:len(toks)])
+    return np.stack(out)
+
+
+def _stock(path, toks, extra_bufts, **kw) -> np.ndarray:
+    """llama_cpp.Llama's own logits for the same prompt and one-token steps, as a user runs it (without logits_all,
+    which would put the whole prompt through the LM head as a batch)."""
+    with model_params(use_extra_bufts=extra_bufts):
+        ref = llama_cpp.Llama(str(path), n_ctx=256, n_threads=2, verbose=False, **kw)
+    out = []
+    for chunk in [toks[:P]] + [[t] for t in toks[P:-1]]:
+        ref.eval(chunk)
+        out.append(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref._ctx.ctx, -1), shape=(ref.n_vocab(),)).copy())
+    return np.stack(out)
 
 
 @pytest.mark.parametrize("extra_bufts", [True, False], ids=["extra_bufts", "no_extra_bufts"])
-def test_a_row_has_the_same_bits_in_any_batch(typed, extra_bufts):
-    llm = RiverLlama(str(typed), mode="backbone", n_ctx=256, n_threads=2, logits_all=True, extra_bufts=extra_bufts)
+def test_a_verified_row_has_the_same_bits_as_alone(typed, extra_bufts):
+    llm = RiverLlama(str(typed), mode="backbone", n_ctx=256, n_threads=2, extra_bufts=extra_bufts)
     toks = [int(t) for t in np.random.default_rng(3).integers(3, llm.n_vocab(), N)]
-    alone = _rows(llm, toks, [1])
-    if llm._departing:   # repacked where the batched kernel departs (k-quants: Q4_K on x86, more on ARM): said so,
-        # and it does depart
+    alone = _alone(llm, toks)
+    # the reference itself: the stock runtime's prompt batch and one-token steps
+    assert np.array_equal(alone, _stock(typed, toks, extra_bufts))
+    if llm.departing:   # repacked where the batched kernel departs (k-quants on x86 and ARM): said so, and it does
         assert not llm.batch_invariant and typed.stem.rsplit("-", 1)[1] in ("q4_k", "q5_k", "q6_k")
-        assert any(not np.array_equal(_rows(llm, toks, [b]), alone) for b in (4, 8, 16))
+        assert any(not np.array_equal(_verified(llm, toks, [b]), alone) for b in (4, 8, 16))
         return
-    assert llm.batch_invariant   # the backbone mode's default
+    assert llm.batch_invariant   # the default
     for b in range(2, 17):
-        assert np.array_equal(_rows(llm, toks, [b]), alone), f"batches of {b}"
-    assert np.array_equal(_rows(llm, toks, [5, 1, 3, 16, 2]), alone), "mixed chunking"
-    assert np.array_equal(_rows(llm, toks, [N]), alone), "one prompt batch"
+        assert np.array_equal(_verified(llm, toks, [b]), alone), f"batches of {b}"
+    assert np.array_equal(_verified(llm, toks, [5, 1, 3, 9, 2]), alone), "mixed sizes"
 
 
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])
-def test_a_row_has_the_same_bits_in_any_batch_with_flash_attention(tmp_path, wtype):
-    """Flash attention has three CPU paths (a KV split for one row, one chunk, tiles from 64 rows); invariance keeps
-    the one-chunk path for all, so a prompt of 80 tokens in one batch and token by token agree too."""
+def test_verified_rows_with_flash_attention(tmp_path, wtype):
+    """Flash attention has three CPU paths (a KV split for one row from 512 cells, one chunk, tiles from 64 rows):
+    verification batches take the one-chunk path a lone row takes below 512 cells, so in a context of at most 256
+    cells their rows are the lone rows'; in a larger one a lone row may split the KV, and batch_invariant says so."""
     path = write_tiny_model(tmp_path / "m.gguf", "qwen3", n_embd=256, n_head=4, n_head_kv=2, n_ff=512, wtype=wtype,
                             seed=6, tie_embeddings=True)
-    llm = RiverLlama(str(path), mode="backbone", n_ctx=256, n_threads=2, logits_all=True, flash_attn=True)
+    llm = RiverLlama(str(path), mode="backbone", n_ctx=256, n_threads=2, flash_attn=True)
     assert llm.batch_invariant
-    toks = [int(t) for t in np.random.default_rng(7).integers(3, llm.n_vocab(), 80)]
-    alone = _rows(llm, toks, [1])
-    for sizes in ([80], [64, 16], [3, 16, 9]):
-        assert np.array_equal(_rows(llm, toks, sizes), alone), sizes
+    toks = [int(t) for t in np.random.default_rng(7).integers(3, llm.n_vocab(), 90)]
+    alone = _alone(llm, toks, 0)
+    for sizes in ([80, 9], [64, 16, 9], [3, 16, 9]):
+        assert np.array_equal(_verified(llm, toks, sizes, p0=0), alone), sizes
+    assert not RiverLlama(str(path), mode="backbone", n_ctx=1024, flash_attn=True).batch_invariant
 
 
 def test_without_it_batches_round_differently(tiny_llama):
-    """The case the patch exists for: without invariance an F16 backbone (llamafile's sgemm for batches, vec_dot for
+    """The case the patch exists for: on the batched kernels an F16 backbone (llamafile's sgemm for batches, vec_dot for
     one row) gives a batch's rows other bits than one-token decoding (so this test file can fail)."""
-    llm = RiverLlama(str(tiny_llama), mode="backbone", n_ctx=256, n_threads=2, logits_all=True, extra_bufts=False,
-                     batch_invariant=False)
-    assert not llm.batch_invariant
+    llm = RiverLlama(str(tiny_llama), mode="backbone", n_ctx=256, n_threads=2, extra_bufts=False)
     toks = [int(t) for t in np.random.default_rng(3).integers(3, llm.n_vocab(), N)]
-    alone = _rows(llm, toks, [1])
-    assert any(not np.array_equal(_rows(llm, toks, [b]), alone) for b in (2, 4, 8, 16))
+    alone = _alone(llm, toks)
+    assert any(not np.array_equal(_verified(llm, toks, [b], invariant=False), alone) for b in (2, 4, 8, 16))
+    assert not RiverLlama(str(tiny_llama), n_ctx=256, batch_invariant=False).batch_invariant
 
 
 @pytest.mark.parametrize("fixture", [f"tiny_{a}" for a in ARCHS])
-def test_exact_is_one_token_decoding_over_512_tokens_with_random_k(request, fixture):
+def test_exact_is_the_stock_runtime_over_512_tokens_with_random_k(request, fixture):
+    """Exact mode (k drawn at random each cycle) against llama_cpp.Llama on the same river GGUF (the stock API runs its
+    backbone) fed one token at a time, 512 tokens."""
     path = request.getfixturevalue(fixture)
-    ref = RiverLlama(str(path), mode="backbone", n_ctx=1024, n_threads=2)
+    ref = llama_cpp.Llama(str(path), n_ctx=1024, n_threads=2, verbose=False)
     ex = RiverLlama(str(path), mode="exact", n_ctx=1024, n_threads=2)
     r = np.random.default_rng(4)
     ex.modes.draft_k = lambda: int(r.integers(0, 9))
     prompt = [1, 5, 9, 200, 17]
-    # the reference one token at a time: llama-cpp-python's eval of a single token per call
-    ref.reset()
-    ref.eval(prompt)
-    want = []
-    for _ in range(512):
-        t = int(ref.last_logits().argmax())
-        want.append(t)
-        ref.eval([t])
+    want = [t for _, t in zip(range(512), ref.generate(prompt, temp=0.0))]
     got = [t for _, t in zip(range(512), ex.generate(prompt, temp=0.0))]
     assert got == want
     s = ex.stats()
@@ -104,11 +128,12 @@ def test_exact_is_one_token_decoding_over_512_tokens_with_random_k(request, fixt
 
 
 def test_a_cached_prompt_gives_a_fresh_calls_text(tiny_llama):
-    """A prompt asked twice: the second call reuses the cached prefix and decodes its last token alone; with
-    invariance its text is the fresh call's, in backbone and exact mode."""
+    """A prompt asked twice: the second call reuses the cached prefix and decodes its last token alone, as the stock
+    runtime does; backbone and exact mode write what llama_cpp.Llama writes both times."""
+    p = "the river runs to the sea and the sea runs to the river"
+    ref = llama_cpp.Llama(str(tiny_llama), n_ctx=512, n_threads=2, verbose=False)
+    want = [ref.create_completion(p, max_tokens=64, temperature=0)["choices"][0]["text"] for _ in range(2)]
     for mode in ("backbone", "exact"):
         llm = RiverLlama(str(tiny_llama), mode=mode, n_ctx=512, n_threads=2)
-        p = "the river runs to the sea and the sea runs to the river"
-        a = llm.create_completion(p, max_tokens=64, temperature=0)["choices"][0]["text"]
-        b = llm.create_completion(p, max_tokens=64, temperature=0)["choices"][0]["text"]
-        assert a == b, mode
+        got = [llm.create_completion(p, max_tokens=64, temperature=0)["choices"][0]["text"] for _ in range(2)]
+        assert got == want, mode

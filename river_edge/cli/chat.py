@@ -25,15 +25,16 @@ def chat(
     no_river: Annotated[bool, typer.Option("--no-river", help="Run the backbone alone (no early exit).")] = False,
     mode: Annotated[Optional[Mode], typer.Option(
         "--mode", case_sensitive=False, show_default=f"{F.DEFAULT_MODE['library']} (backbone for a GGUF without a river)",
-        help="Decoding mode: exact (river drafts, backbone verifies: the backbone's output), gated "
+        help="Decoding mode: exact (a drafter proposes, the backbone verifies: the stock runtime's text), gated "
              "(backbone where the river is unsure), river (the exit rule), fast (all river), backbone.")] = None,
     gate: Annotated[Optional[float], typer.Option(
         "--gate", callback=rule(F.check_gate), show_default="the GGUF's river.gate_entropy",
         help="Gated mode: re-decode on the backbone where the river's output entropy (nats) is at least this.")] = None,
     drafter: Annotated[Optional[str], typer.Option(
-        "--drafter", show_default="river",
-        help="Exact mode's drafter: river, ngram (prompt lookup), river+ngram, or a draft model's GGUF (same "
-             "vocabulary). The output is the backbone's whichever drafts.")] = None,
+        "--drafter", show_default="river (ngram for a GGUF without a river)",
+        help="Exact mode's drafter: river, ngram (prompt lookup), ngram-cache, river+ngram, or a draft model's GGUF "
+             "(same vocabulary). The output is the stock runtime's whichever drafts; any GGUF runs exact mode with "
+             "a drafter that needs no river.")] = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
     prompt: Annotated[Optional[str], typer.Option(
         "--prompt", "-p", help="Answer this one message and exit (scripts, `make demo`).")] = None,
@@ -49,10 +50,9 @@ def chat(
         help="River mode's exit decision: sync (the paper's rule, a read-back per checked layer) or lagged (the "
              "rule on the previous token's scores, no sync inside a step: for GPUs and rpc-servers).")] = None,
     flash_attn: Annotated[bool, typer.Option(
-        "--flash-attn", help="Flash attention: ggml's batched attention then rounds as its one-token path does, so "
-                             "exact mode can speculate over quantized backbones (`river build --backbone keep|q8_0`) "
-                             "as far as its start-up probe finds batch rows exact (all sizes measured for Q8_0; "
-                             "Q4_K_M on AMD Zen 4: 3 rows).")] = False,
+        "--flash-attn", help="Flash attention. From a context of 512 cells, ggml splits a lone row's attention "
+                             "across threads and never a batch's, so exact mode's verification rows are no longer "
+                             "bit-identical to one-token decoding: its near-tie guard decides there.")] = False,
     gpu_layers: GpuLayers = 0,
     rpc: Annotated[Optional[str], typer.Option(
         "--rpc", help="host:port,... of `river rpc-server`s to offload the --gpu-layers to.")] = None,

@@ -20,6 +20,10 @@ _COSTS: dict[tuple, "CostModel"] = {}   # per process: Spec._key() (file, how it
 # a verification batch whose logits depart from one-token decoding by more than this (in logits) is not
 # chosen: its near-ties (within 4x the departure) would be settled by one-token decodes so often that it cannot pay
 ROUNDING = 0.1
+# where batch rows are not invariant, a departure the probe may not see at its own position (flash attention: ggml
+# splits a lone row's KV across threads only from 512 cells on) is taken to be at least this, in logits
+UNSEEN_ROUNDING = 0.01
+FLASH = "flash attention over 512 cells or more"   # RiverLlama.departing's reason
 
 
 @dataclass
@@ -29,6 +33,10 @@ class CostModel:
     backbone_s: float = 0.0             # one backbone step (= verify_s[1])
     tie: float = 0.0                    # batch rounding: max |logit| change of a row decoded in a batch
     ties: list = field(default_factory=list)      # the same per batch size (x4 headroom); [1] = 0: a one-token decode
+    # bit for bit where the probe found some batch sizes' rows equal to one-token rows: only those sizes are used (a
+    # weight layout whose batched kernel takes over from 4 rows); where every size departs (a GPU), the guard decides
+    strict: bool = False
+    departed: list = field(default_factory=list)  # per batch size: the probe saw a row depart
     other_s: dict = field(default_factory=dict)   # per-token cost of drafters other than the river
     _obs: dict = field(default_factory=dict)
 
@@ -71,7 +79,18 @@ class CostModel:
 
     def usable(self, n: int) -> bool:
         """A batch of n verifies with one-token arithmetic up to rounding."""
-        return n <= 1 or n >= len(self.ties) or self.ties[n] / 4 <= ROUNDING   # ties carry the x4 headroom
+        if n <= 1 or n >= len(self.ties):
+            return True
+        if self.strict and not all(self.departed[2:]) and n < len(self.departed):
+            return not self.departed[n]
+        return self.ties[n] / 4 <= ROUNDING   # ties carry the x4 headroom
+
+    def exact_k(self, k: int) -> int:
+        """A fixed k (draft_k) cut to the largest batch the strict rule uses, where it uses some."""
+        while k > 0 and self.strict and not all(self.departed[2:]) and k + 1 < len(self.departed) \
+                and self.departed[k + 1]:
+            k -= 1
+        return k
 
     def best_k(self, a: float, kmax: int, drafter: str = "river") -> int:
         c = self.curve()
@@ -119,13 +138,15 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     seq = ([tok] + ctx[::-1] + [tok] * n_max)[:n_max]
 
     def verify_step(n):
-        rows = dec.decode(seq[:n], pos, True)
+        rows = dec.verify(seq[:n], pos, spec.llm.batch_invariant)
         dev[n] = max(dev[n], max(float(np.abs(rows[i] - single[i]).max()) for i in range(n)))
 
     try:
-        dec.force_exit(-1)
-        draft = t(lambda: dec.decode([tok], pos).argmax(), 4)
-        dec.force_exit(L - 1)
+        draft = 0.0
+        if spec.llm.has_river:   # a river step (a plain GGUF has none; its drafters cost their own)
+            dec.force_exit(-1)
+            draft = t(lambda: dec.decode([tok], pos).argmax(), 4)
+            dec.force_exit(L - 1)
         for i in range(n_max):
             single.append(np.array(dec.decode([seq[i]], pos + i)[0]))
         dec.remove(pos)
@@ -136,8 +157,14 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     verify = [float(v) for v in np.maximum.accumulate(verify)]   # a bigger batch never costs less: noise
     # a top-2 margin within this of a tie may flip between the batch and a one-token decode: such
     # positions are settled by a one-token decode (x4 headroom over what this probe saw)
+    departed = [d > 0 for d in dev]
+    if not spec.llm.batch_invariant and (not any(departed[2:]) or FLASH in spec.llm.departing):
+        # rows that should depart but did not here: flash attention's lone rows split the KV only from 512 cells on
+        dev = dev[:2] + [max(d, UNSEEN_ROUNDING) for d in dev[2:]]
     ties = [4.0 * d for d in dev]
-    cm = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties)
+    # batch invariance asked for (the default): rows that departed are not used, whatever their cost
+    cm = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties, strict=spec.llm.invariance_asked,
+                   departed=departed)
     if n_max == n_full:   # a probe cut short by the end of the context serves its request only
         _COSTS[key] = cm
     return cm

@@ -21,6 +21,7 @@ class Decoder:
         self._llm = weakref.ref(llm)   # the model owns its decoder, not the other way round
         self.n_vocab = int(llm._n_vocab)
         self.n_layer = int(llama_cpp.llama_model_n_layer(llm._model.model))
+        self.has_river = bool(getattr(llm, "has_river", False))   # a plain GGUF's graph has no exit to force
 
     @property
     def llm(self):
@@ -36,6 +37,19 @@ class Decoder:
         n = len(toks) if all_logits else 1
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n, self.n_vocab))
 
+    def verify(self, toks, pos: int, invariant: bool) -> np.ndarray:
+        """Decode a verification batch at positions pos..: every row's logits (a view). `invariant`: this batch alone
+        runs on ggml's reference kernels (patches/0013), so each row gets the bits of decoding it alone; the prompt
+        and one-token steps keep the stock kernels."""
+        if not invariant:
+            return self.decode(toks, pos, True)
+        llm = self.llm
+        llm._river.llama_set_batch_invariant(llm._ctx.ctx, True)
+        try:
+            return self.decode(toks, pos, True)
+        finally:
+            llm._river.llama_set_batch_invariant(llm._ctx.ctx, False)
+
     def remove(self, p0: int) -> None:
         """Remove sequence 0's cells from position p0 on (sequence 0 only: the one generate() decodes)."""
         self.llm._ctx.kv_cache_seq_rm(0, p0, -1)
@@ -43,8 +57,9 @@ class Decoder:
     def force_exit(self, e: int) -> None:
         """The exit for the next decodes (-1: all river; n_layer - 1: the backbone), the KV cache kept as it is.
         Unchecked (the modes pass -1 and n_layer - 1): RiverLlama.force_exit checks a caller's."""
-        llm = self.llm
-        llm._river.llama_river_set_forced_exit(llm._ctx.ctx, e)
+        if self.has_river:
+            llm = self.llm
+            llm._river.llama_river_set_forced_exit(llm._ctx.ctx, e)
 
     def stored_gate(self) -> float:
         """river.gate_entropy as the loader read it (NaN: none; a bad key was refused at load)."""

@@ -20,6 +20,7 @@ from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
 from river_edge.gguf_tools.reader import open_gguf
 from river_edge.runtime.capi import _lib, batch_departing, exit_histogram_of, model_params, tensor_buft
+from river_edge.runtime.costs import FLASH
 from river_edge.runtime.decoder import Decoder
 from river_edge.runtime.inputs import check_grammar, check_tokens, token_cap
 from river_edge.runtime.rpc import connect
@@ -70,7 +71,7 @@ class RiverLlama(llama_cpp.Llama):
                  batch_invariant: bool | None = None, **kwargs):
         path = Path(model_path)
         self._decide = decide   # checked in __new__, before the Llama exists
-        self._invariant = None if batch_invariant is None else bool(batch_invariant)
+        self._invariant = True if batch_invariant is None else bool(batch_invariant)
         self._extra_bufts, self._rpc_servers = bool(extra_bufts), kwargs.get("rpc_servers")
         self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
@@ -121,7 +122,9 @@ class RiverLlama(llama_cpp.Llama):
         self._departing = batch_departing(self, path) if self._river else []
         if self._river and kwargs.get("n_gpu_layers") and self.offloaded:
             self._departing.append("layers offloaded to a device")
-        self._set_invariance()
+        if self.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED and self.n_ctx() >= 512:
+            # ggml's one-token flash attention splits the KV across threads from 512 cells on; a batch's rows never do
+            self._departing.append(FLASH)
         self._cache_contract = self._contract()
         if kwargs.get("n_gpu_layers") and self.offloaded is False:
             # llama.cpp keeps every layer on the host without a word when no device can take them
@@ -133,26 +136,27 @@ class RiverLlama(llama_cpp.Llama):
     def _contract(self) -> tuple:
         """What wrote the cells now in the KV cache, as far as it decides later tokens: cells written
         under another contract (river K/V under a backbone mode, another rule's exits, other arithmetic) must not
-        be reused."""
+        be reused. Backbone mode writes the stock runtime's cells, and so does exact mode while its verification
+        rows are batch-invariant; without that, its verified cells differ in the last bits."""
+        stock = ("backbone", self.modes.mode != "exact" or self.batch_invariant)
         if not self.has_river or not self.river_enabled:
-            return ("backbone", self.batch_invariant)
+            return stock
         mode = self.modes.mode
         if mode in F.LOSSLESS_MODES:
-            return ("backbone", self.batch_invariant)
+            return stock
         if mode == "gated":
             return ("gated", self.modes.gate, self.river_head)
         e = self.forced_exit
         if e is None:
             return ("rule", tuple(self.thresholds), self.min_exit_layer, self._decide)
         if e == self.n_layer - 1:
-            return ("backbone", self.batch_invariant)
+            return stock
         return ("forced", e, self.river_head if e == -1 else None)
 
     def _sync_cache(self) -> None:
         """Drop the KV cache when the contract it was written under no longer holds."""
         if not hasattr(self, "_cache_contract"):
             return  # still in __init__: nothing decoded yet
-        self._set_invariance()
         c = self._contract()
         if c != self._cache_contract:
             self._cache_contract = c
@@ -162,21 +166,32 @@ class RiverLlama(llama_cpp.Llama):
     # -- batch invariance (patches/0013) ---------------------------------------------------------
     @property
     def batch_invariant(self) -> bool:
-        """Whether the CPU backend decodes batch-invariantly: a token's logits and K/V are bit-identical whether it
-        is decoded alone, in a verification batch or in any prompt chunking (ggml's reference kernels; prompts are
-        processed more slowly). By default on in the exact and backbone modes, whose texts must agree bit for bit,
-        and off in the lossy ones; `batch_invariant=True/False` (or setting this) fixes it for every mode."""
-        return bool(self._river and self._river.llama_get_batch_invariant(self._ctx.ctx)) and not self._departing
+        """Whether exact mode's verification batches give every row the bits one-token decoding gives it (logits and
+        K/V): the CPU backend computes them with ggml's reference kernels, one vec_dot per output element as a lone
+        row takes (patches/0013). Only verification batches: the prompt and one-token steps keep the stock runtime's
+        kernels, so exact mode writes the stock runtime's text by construction. On by default (`batch_invariant=False`,
+        or setting this, lets batches take the faster batched kernels, guarded by the near-tie check instead);
+        False wherever some rows depart anyway (weights repacked in a layout whose batched kernel rounds otherwise,
+        flash attention, layers on a device)."""
+        return bool(self._river) and self._invariant and not self._departing
+
+    @property
+    def departing(self) -> list[str]:
+        """Why verification rows may depart from one-token rows though batch invariance is asked for: the weights held
+        in a repacked layout whose batched kernel rounds otherwise, flash attention over 512 cells or more, layers on
+        a device. Empty where batch_invariant is True (or the runtime is stock)."""
+        return list(self._departing)
+
+    @property
+    def invariance_asked(self) -> bool:
+        """Batch invariance is asked for (the default): exact mode then verifies only with batch sizes whose rows the
+        start-up probe found bit-identical to one-token rows."""
+        return self._invariant
 
     @batch_invariant.setter
-    def batch_invariant(self, on: bool | None) -> None:
-        self._invariant = None if on is None else bool(on)
+    def batch_invariant(self, on: bool) -> None:
+        self._invariant = bool(on)
         self._sync_cache()
-
-    def _set_invariance(self) -> None:
-        if self._river:
-            on = self._invariant if self._invariant is not None else self.modes.mode in F.LOSSLESS_MODES
-            self._river.llama_set_batch_invariant(self._ctx.ctx, on)
 
     # -- decoding modes: exact, gated, river, fast, backbone (river_edge/runtime/spec.py) ---------------
     @property

@@ -24,14 +24,16 @@ python (create_completion, chat, streaming, the server) goes through generate(),
 Exactness
   greedy (temp == 0): each emitted token is argmax of backbone logits computed from a cache holding only
     backbone-written cells (drafted cells are removed before the backbone batch writes them again; the
-    rejected ones are removed after). ggml's arithmetic: with batch invariance (patches/0013; RiverLlama's
-    batch_invariant, on by default in the exact and backbone modes) the CPU backend gives every row of a
-    verification batch, and every prompt chunking, the bits of one-token decoding, so the identity is exact by
-    construction; the start-up probe checks it (the cost model's batch_deviation is 0). Where rows still depart
-    (invariance turned off; a GPU or rpc-server backend), a position whose top-2 margin is within 4x the
-    rounding the probe measured is decoded again alone, as backbone mode decodes it, so the output does not
-    depend on k; the identity is then exact up to ties below that bound (the K/V of batched cells still differ
-    in the last bits). Ties break as in llama.cpp's greedy sampler (first index).
+    rejected ones are removed after). The prompt is evaluated as the stock runtime evaluates it (Llama.eval's
+    n_batch chunks, the stock kernels), and so is every one-token step; a verification batch runs on ggml's
+    reference kernels (RiverLlama.batch_invariant, patches/0013), which give each row the bits of decoding that
+    token alone. The text, and every cell of the cache, is then the stock runtime's (llama_cpp.Llama on the same
+    file) by construction; the start-up probe checks it (the cost model's batch_deviation is 0). Where rows still
+    depart (batch invariance turned off; weights in a repacked layout whose batched kernel rounds otherwise; flash
+    attention; a GPU or rpc-server backend), a position whose top-2 margin is within 4x the rounding the probe
+    measured is decoded again alone, as backbone mode decodes it, so the output does not depend on k; the identity
+    is then exact up to ties below that bound (the K/V of batched cells still differ in the last bits). Ties break
+    as in llama.cpp's greedy sampler (first index).
   sampling (temp != 0): the token at position t is argmax(log p + G(seed, t)), with Gumbel noise G that is a
     pure function of the seed, the position and the token id (sampling.scores: the Gumbel-max trick, an exact
     draw from p). The river drafts on the same noise with its own q, and a draft stands exactly when the
@@ -74,6 +76,7 @@ import llama_cpp
 import numpy as np
 
 from river_edge import format as F
+from river_edge.runtime.capi import runtime_is_patched
 from river_edge.runtime.costs import CostModel, cached, probe
 from river_edge.runtime.drafters import LOOKUP, Drafter, RiverDraft, resolve
 from river_edge.runtime.gated import gated
@@ -136,7 +139,8 @@ class Spec:
         self.st = Stats(mode=self._mode)
         # per draft source: decayed [accepted, rejected] counts, the running acceptance the cost model reads
         self.acceptance_counts: dict[str, list[float]] = {}
-        self.drafter_name, self.draft_model = "river", None
+        # a plain GGUF drafts by prompt lookup (no model step: nothing of the river is needed)
+        self.drafter_name, self.draft_model = ("river" if llm.has_river else "ngram"), None
         self._zero_run = 0
         # draft exactly this many per cycle instead of the cost model's k (or a callable drawing k per cycle:
         # tests sweep k with it, as bench/levers.py fixes it)
@@ -169,8 +173,10 @@ class Spec:
         if m not in MODES:
             raise RiverError(f"unknown mode {m!r}: use one of {', '.join(MODES)}")
         llm = self.llm
-        if m != "backbone" and not llm.has_river:
+        if m not in F.LOSSLESS_MODES and not llm.has_river:
             raise RiverError(f"mode {m!r} needs a river GGUF; {llm.model_path} has no river tensors")
+        if m == "exact" and not runtime_is_patched():
+            raise RiverError("exact mode needs river-edge's patched llama-cpp-python (run `make setup`); this one is stock")
         if llm.has_river:
             self.dec.enable_river()
             llm.force_exit({"river": None, "fast": -1}.get(m, llm.n_layer - 1))
@@ -256,7 +262,7 @@ class Spec:
         two models of one file loaded differently never share one; and which head drafts."""
         llm = self.llm
         return (str(llm.model_path), self.dec.setup(), llm.extra_bufts, llm.rpc_servers,
-                llm.has_river and llm.river_head, llm.batch_invariant)
+                llm.has_river and llm.river_head, llm.batch_invariant, llm.invariance_asked)
 
     def _decode_threads(self, on: bool) -> None:
         self.dec.decode_threads(on)
@@ -429,8 +435,8 @@ class Spec:
                         k, self._zero_run = 1, 0
                 else:
                     self._zero_run = 0
-                if self.draft_k is not None:
-                    k = self.draft_k() if callable(self.draft_k) else self.draft_k
+                if self.draft_k is not None:   # a fixed k, but never a batch size whose rows depart where others do not
+                    k = cm.exact_k(self.draft_k() if callable(self.draft_k) else self.draft_k)
                 if free:
                     k = min(k, len(cands))
                 # the verification batch (k + 1 tokens) must fit the context and llama.cpp's n_batch
@@ -468,7 +474,7 @@ class Spec:
                 dec.remove(n)
                 t0 = time.perf_counter()
                 batch = [pending] + drafts
-                rows = dec.decode(batch, n, True)
+                rows = dec.verify(batch, n, llm.batch_invariant)
                 cm.observe(len(batch), time.perf_counter() - t0)
                 if tf:   # row i: the history through batch[i], as the sampler would have it there
                     base = list(llm.input_ids[:n + 1])

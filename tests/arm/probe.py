@@ -60,7 +60,7 @@ def main(models: Path, out_json: Path, out_npz: Path) -> int:
                 L = llm.n_layer
                 exits = {"backbone": L - 1, f"exit{L // 2}": L // 2, "river": -1}
             rec = {"placement": H.placement(llm), "repacked": H.repacked(log), "batch_invariant": llm.batch_invariant,
-                   "departing": len(llm._departing)}
+                   "departing": len(llm.departing)}
             for cfg, e in exits.items():
                 if e is not None:
                     llm.forced_exit = e
