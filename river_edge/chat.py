@@ -68,8 +68,11 @@ class Meter:
         self.passive = getattr(llm, "mode", None) in F.LOOP_MODES
         self.times: list[float] = []
         self.exits: list[int] = []  # -1..n_layer-1; n_layer-1 when the backbone ran whole
+        # a plain GGUF in exact mode has no river, so no exit histogram: every step ran the whole backbone
+        self._histo = self.passive and bool(getattr(llm, "has_river", False))
         if self.passive:
             self._tokens0 = llm.stats()["tokens"]
+        if self._histo:
             self._h0 = llm.exit_histogram()
 
     def processors(self):
@@ -118,8 +121,12 @@ class Meter:
 
     def histogram(self) -> np.ndarray:
         """counts[e + 1] of decode steps that exited after layer e (the runtime's layout)."""
-        if self.passive:
+        if self._histo:
             return (self.llm.exit_histogram() - self._h0).astype(np.int64)
+        if self.passive:
+            h = np.zeros(self.n_layer + 1, dtype=np.int64)
+            h[-1] = self.decode_steps()
+            return h
         return np.bincount(np.asarray(self.decode_exits, dtype=np.int64) + 1, minlength=self.n_layer + 1)
 
     def depth(self) -> float:

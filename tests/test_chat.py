@@ -152,6 +152,19 @@ def test_cli_drafter(tiny_llama):
     assert answer("--mode", "exact", "--drafter", "river+ngram") == backbone
 
 
+def test_cli_exact_on_a_plain_gguf(tiny_llama_base):
+    """Exact mode on a GGUF without a river (the file a user already has): prompt lookup drafts, the answer is the
+    backbone's, and the per-answer numbers say every step ran the whole backbone; the river drafter is refused."""
+    def answer(*a):
+        return run("chat", tiny_llama_base, *a, "-p", "one two one two one", "-n", "16", "--temp", "0").stdout
+    backbone = answer("--mode", "backbone").splitlines()[0]
+    out = answer("--mode", "exact", "--drafter", "ngram")
+    assert out.splitlines()[0] == backbone and "Traceback" not in out
+    assert answer("--mode", "exact").splitlines()[0] == backbone      # ngram by default on a plain GGUF
+    r = run("chat", tiny_llama_base, "--mode", "exact", "--drafter", "river", "-p", "x", code=1)
+    assert "needs a river GGUF" in r.stderr
+
+
 @pytest.mark.parametrize("mode", ["exact", "gated"])
 def test_the_speculative_modes_are_timed_from_their_first_token_to_their_last(tiny_llama, mode):
     """Exact and gated decode in their own loop (no logits processor to time them): their speed is still the time

@@ -62,7 +62,7 @@ def _stock(path, toks, extra_bufts, **kw) -> np.ndarray:
     out = []
     for chunk in [toks[:P]] + [[t] for t in toks[P:-1]]:
         ref.eval(chunk)
-        out.append(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref._ctx.ctx, -1), shape=(ref.n_vocab(),)).copy())
+        out.append(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),)).copy())
     return np.stack(out)
 
 
@@ -76,6 +76,10 @@ def test_a_verified_row_has_the_same_bits_as_alone(typed, extra_bufts):
     if llm.departing:   # repacked where the batched kernel departs (k-quants on x86 and ARM): said so, and it does
         assert not llm.batch_invariant and typed.stem.rsplit("-", 1)[1] in ("q4_k", "q5_k", "q6_k")
         assert any(not np.array_equal(_verified(llm, toks, [b]), alone) for b in (4, 8, 16))
+        # below 4 rows the repacked matmul takes a lone row's kernel: exact mode verifies that many, bit for bit
+        assert llm.exact_batch == 3
+        for b in (2, 3):
+            assert np.array_equal(_verified(llm, toks, [b]), alone), f"batches of {b}"
         return
     assert llm.batch_invariant   # the default
     for b in range(2, 17):
@@ -84,7 +88,7 @@ def test_a_verified_row_has_the_same_bits_as_alone(typed, extra_bufts):
 
 
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])
-def test_verified_rows_with_flash_attention(tmp_path, wtype):
+def test_a_verified_row_has_the_same_bits_with_flash_attention(tmp_path, wtype):
     """Flash attention has three CPU paths (a KV split for one row from 512 cells, one chunk, tiles from 64 rows):
     verification batches take the one-chunk path a lone row takes below 512 cells, so in a context of at most 256
     cells their rows are the lone rows'; in a larger one a lone row may split the KV, and batch_invariant says so."""

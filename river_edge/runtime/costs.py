@@ -23,7 +23,6 @@ ROUNDING = 0.1
 # where batch rows are not invariant, a departure the probe may not see at its own position (flash attention: ggml
 # splits a lone row's KV across threads only from 512 cells on) is taken to be at least this, in logits
 UNSEEN_ROUNDING = 0.01
-FLASH = "flash attention over 512 cells or more"   # RiverLlama.departing's reason
 
 
 @dataclass
@@ -33,10 +32,10 @@ class CostModel:
     backbone_s: float = 0.0             # one backbone step (= verify_s[1])
     tie: float = 0.0                    # batch rounding: max |logit| change of a row decoded in a batch
     ties: list = field(default_factory=list)      # the same per batch size (x4 headroom); [1] = 0: a one-token decode
-    # bit for bit where the probe found some batch sizes' rows equal to one-token rows: only those sizes are used (a
-    # weight layout whose batched kernel takes over from 4 rows); where every size departs (a GPU), the guard decides
-    strict: bool = False
-    departed: list = field(default_factory=list)  # per batch size: the probe saw a row depart
+    # the largest batch whose rows are one-token rows bit for bit (RiverLlama.exact_batch): None, any; 3 where a
+    # repacked layout's batched kernel takes over from 4 rows (larger batches are then not used: the stock runtime's
+    # text, not the guard's); 1, none (a GPU, flash attention, invariance off: the guard decides)
+    exact_batch: int | None = None
     other_s: dict = field(default_factory=dict)   # per-token cost of drafters other than the river
     _obs: dict = field(default_factory=dict)
 
@@ -81,16 +80,13 @@ class CostModel:
         """A batch of n verifies with one-token arithmetic up to rounding."""
         if n <= 1 or n >= len(self.ties):
             return True
-        if self.strict and not all(self.departed[2:]) and n < len(self.departed):
-            return not self.departed[n]
+        if self.exact_batch is not None and self.exact_batch > 1:
+            return n <= self.exact_batch
         return self.ties[n] / 4 <= ROUNDING   # ties carry the x4 headroom
 
     def exact_k(self, k: int) -> int:
-        """A fixed k (draft_k) cut to the largest batch the strict rule uses, where it uses some."""
-        while k > 0 and self.strict and not all(self.departed[2:]) and k + 1 < len(self.departed) \
-                and self.departed[k + 1]:
-            k -= 1
-        return k
+        """A fixed k (draft_k) cut to the largest batch whose rows are exact, where some are."""
+        return min(k, self.exact_batch - 1) if self.exact_batch is not None and self.exact_batch > 1 else k
 
     def best_k(self, a: float, kmax: int, drafter: str = "river") -> int:
         c = self.curve()
@@ -157,14 +153,12 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     verify = [float(v) for v in np.maximum.accumulate(verify)]   # a bigger batch never costs less: noise
     # a top-2 margin within this of a tie may flip between the batch and a one-token decode: such
     # positions are settled by a one-token decode (x4 headroom over what this probe saw)
-    departed = [d > 0 for d in dev]
-    if not spec.llm.batch_invariant and (not any(departed[2:]) or FLASH in spec.llm.departing):
-        # rows that should depart but did not here: flash attention's lone rows split the KV only from 512 cells on
-        dev = dev[:2] + [max(d, UNSEEN_ROUNDING) for d in dev[2:]]
+    exact = spec.llm.exact_batch
+    if exact is not None:   # sizes past it may depart where this probe's position did not show it (flash attention
+        # splits a lone row's KV only from 512 cells on; a repacked kernel's rounding need not show in every row)
+        dev = [d if n <= exact else max(d, UNSEEN_ROUNDING) for n, d in enumerate(dev)]
     ties = [4.0 * d for d in dev]
-    # batch invariance asked for (the default): rows that departed are not used, whatever their cost
-    cm = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties, strict=spec.llm.invariance_asked,
-                   departed=departed)
+    cm = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties, exact_batch=exact)
     if n_max == n_full:   # a probe cut short by the end of the context serves its request only
         _COSTS[key] = cm
     return cm

@@ -20,7 +20,6 @@ from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
 from river_edge.gguf_tools.reader import open_gguf
 from river_edge.runtime.capi import _lib, batch_departing, exit_histogram_of, model_params, tensor_buft
-from river_edge.runtime.costs import FLASH
 from river_edge.runtime.decoder import Decoder
 from river_edge.runtime.inputs import check_grammar, check_tokens, token_cap
 from river_edge.runtime.rpc import connect
@@ -36,14 +35,11 @@ def _has_river_tensors(path: Path) -> bool:
 class RiverLlama(llama_cpp.Llama):
     """A llama_cpp.Llama on a river GGUF (or any GGUF: without a river it is the stock model).
 
-    Keyword arguments are Llama's, plus `thresholds`, `min_exit_layer` and `forced_exit` overriding
-    the GGUF's river keys, `decide="lagged"` for the rule on the previous step's scores (no sync per layer: for
-    devices where one costs, docs/backends.md), `river=False` to run the stock graph, `river_head=False` to draft with
-    the backbone's LM head instead of the GGUF's river head, `drafter` for exact mode ("river", "ngram",
-    "river+ngram" or a draft model's GGUF path: river_edge/runtime/drafters.py), `extra_bufts=False` to keep every
-    weight out of ggml's extra buffer types (AMX, CPU_REPACK: repacked layouts, faster kernels), and
-    `rpc_servers="host:port,..."` to offload layers (n_gpu_layers) to `river rpc-server`s (river_edge/runtime/rpc.py).
-    """
+    Keyword arguments are Llama's, plus `thresholds`, `min_exit_layer` and `forced_exit` overriding the GGUF's river
+    keys, `decide="lagged"` for the rule on the previous step's scores (docs/backends.md), `river=False` to run the
+    stock graph, `river_head=False` to draft with the backbone's LM head, `drafter` for exact mode (drafters.py; a
+    GGUF without a river drafts by prompt lookup), `extra_bufts=False` to keep every weight out of ggml's extra buffer
+    types (AMX, CPU_REPACK), `batch_invariant`, and `rpc_servers="host:port,..."` to offload layers (rpc.py)."""
 
     def __new__(cls, model_path: str, *args, **kwargs):
         # Checked before the object exists: a half-made Llama fails again in its __del__.
@@ -124,7 +120,7 @@ class RiverLlama(llama_cpp.Llama):
             self._departing.append("layers offloaded to a device")
         if self.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED and self.n_ctx() >= 512:
             # ggml's one-token flash attention splits the KV across threads from 512 cells on; a batch's rows never do
-            self._departing.append(FLASH)
+            self._departing.append("flash attention over 512 cells or more")
         self._cache_contract = self._contract()
         if kwargs.get("n_gpu_layers") and self.offloaded is False:
             # llama.cpp keeps every layer on the host without a word when no device can take them
@@ -134,10 +130,9 @@ class RiverLlama(llama_cpp.Llama):
 
     # -- the KV cache's contract ---------------------------------------------------------------
     def _contract(self) -> tuple:
-        """What wrote the cells now in the KV cache, as far as it decides later tokens: cells written
-        under another contract (river K/V under a backbone mode, another rule's exits, other arithmetic) must not
-        be reused. Backbone mode writes the stock runtime's cells, and so does exact mode while its verification
-        rows are batch-invariant; without that, its verified cells differ in the last bits."""
+        """What wrote the cells now in the KV cache, as far as it decides later tokens: cells written under another
+        contract (river K/V under a backbone mode, another rule's exits, other arithmetic) must not be reused. Backbone
+        mode writes the stock runtime's cells, and so does exact mode while its verification rows are invariant."""
         stock = ("backbone", self.modes.mode != "exact" or self.batch_invariant)
         if not self.has_river or not self.river_enabled:
             return stock
@@ -166,27 +161,28 @@ class RiverLlama(llama_cpp.Llama):
     # -- batch invariance (patches/0013) ---------------------------------------------------------
     @property
     def batch_invariant(self) -> bool:
-        """Whether exact mode's verification batches give every row the bits one-token decoding gives it (logits and
-        K/V): the CPU backend computes them with ggml's reference kernels, one vec_dot per output element as a lone
-        row takes (patches/0013). Only verification batches: the prompt and one-token steps keep the stock runtime's
-        kernels, so exact mode writes the stock runtime's text by construction. On by default (`batch_invariant=False`,
-        or setting this, lets batches take the faster batched kernels, guarded by the near-tie check instead);
-        False wherever some rows depart anyway (weights repacked in a layout whose batched kernel rounds otherwise,
-        flash attention, layers on a device)."""
+        """Whether exact mode's verification batches give every row the bits of decoding it alone (logits and K/V): they
+        run on ggml's reference kernels, one vec_dot per output as a lone row takes (patches/0013); the prompt and
+        one-token steps keep the stock kernels, so exact mode writes the stock runtime's text by construction. On by
+        default (`batch_invariant=False` lets batches take the batched kernels, the near-tie guard deciding); False
+        wherever rows depart anyway (`departing`)."""
         return bool(self._river) and self._invariant and not self._departing
 
     @property
     def departing(self) -> list[str]:
-        """Why verification rows may depart from one-token rows though batch invariance is asked for: the weights held
-        in a repacked layout whose batched kernel rounds otherwise, flash attention over 512 cells or more, layers on
-        a device. Empty where batch_invariant is True (or the runtime is stock)."""
+        """Why verification rows depart from one-token rows though batch invariance is asked for: weights in a repacked
+        layout whose batched kernel rounds otherwise (by name), flash attention over 512 cells or more, a device."""
         return list(self._departing)
 
     @property
-    def invariance_asked(self) -> bool:
-        """Batch invariance is asked for (the default): exact mode then verifies only with batch sizes whose rows the
-        start-up probe found bit-identical to one-token rows."""
-        return self._invariant
+    def exact_batch(self) -> int | None:
+        """The largest verification batch whose rows are one-token rows bit for bit: None, any (batch_invariant); 3
+        where only repacked weights depart (ggml's repacked matmuls take a 4-row kernel from 4 rows, a lone row's
+        below); 1, none (invariance off, flash attention over 512 cells, a device: the near-tie guard decides)."""
+        if self.batch_invariant:
+            return None
+        repacked = self._invariant and all(d.startswith("blk.") for d in self._departing)
+        return 3 if repacked else 1
 
     @batch_invariant.setter
     def batch_invariant(self, on: bool) -> None:

@@ -262,7 +262,7 @@ class Spec:
         two models of one file loaded differently never share one; and which head drafts."""
         llm = self.llm
         return (str(llm.model_path), self.dec.setup(), llm.extra_bufts, llm.rpc_servers,
-                llm.has_river and llm.river_head, llm.batch_invariant, llm.invariance_asked)
+                llm.has_river and llm.river_head, llm.batch_invariant, llm.exact_batch)
 
     def _decode_threads(self, on: bool) -> None:
         self.dec.decode_threads(on)
