@@ -155,6 +155,17 @@ def test_every_package_is_installed():
     assert found <= listed, sorted(found - listed)
 
 
+
+def test_the_readme_names_the_python_the_code_needs():
+    """The README's Python floor is pyproject's, and this suite runs on it (tomllib: 3.11); it said 3.10+."""
+    import re
+    import tomllib
+
+    floor = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    said = re.findall(r"Python (3\.\d+)\+", (ROOT / "README.md").read_text())
+    assert said and set(said) == {floor.removeprefix(">=")}, (said, floor)
+    assert tuple(map(int, floor.removeprefix(">=").split("."))) >= (3, 11)
+
 # Modules allowed past ~400 lines, and why (the house's rule: split a module that grows past it).
 LONG = {
     "river_edge.runtime.spec": "exact mode's draft-verify loop is one generator whose state (cache, cost model, "

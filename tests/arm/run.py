@@ -28,6 +28,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+RECORDS = ROOT / "bench" / "results" / "arm"
 sys.path[:0] = [str(ROOT / "patches"), str(ROOT / "tests")]
 import cross  # noqa: E402  (patches/cross.py)
 from sysroot import Arm  # noqa: E402
@@ -164,11 +165,16 @@ def row(rec: dict) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpus", default=",".join(CPUS), help="qemu -cpu models, comma-separated")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "arm"), help="folder of the per-CPU JSON")
+    ap.add_argument("--out", help="folder of the per-CPU JSON (default: a new temporary folder, named at the end)")
+    ap.add_argument("--record", action="store_true",
+                    help=f"write them to {RECORDS.relative_to(ROOT)}, the committed records the docs cite")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds per qemu run")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="CPUs emulated at once")
     args = ap.parse_args()
-    out = Path(args.out)
+    if args.record and args.out:
+        ap.error("--record writes to the committed records; --out names another folder: give one")
+    # a plain run must not rewrite the committed records (a check is not a new measurement)
+    out = RECORDS if args.record else Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="river-arm-records-"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     pkg = cross.build()
