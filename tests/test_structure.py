@@ -241,3 +241,16 @@ def test_the_decoding_modes_and_the_tests_reach_the_model_through_its_decoder():
              if f.name != "test_structure.py"}
     assert {k: v for k, v in found.items() if v} == {"test_runtime.py": 2}
     assert pat.search("llm._ctx.decode(b)") and not pat.search("llm.decoder.decode(b)")
+
+
+def test_the_summary_counts_skips_per_reason():
+    """`make test` ends with its skips counted per reason (48 skips were one number, 40 of them the device tests)."""
+    from types import SimpleNamespace
+
+    import conftest
+
+    skip = lambda why: SimpleNamespace(longrepr=("tests/x.py", 1, f"Skipped: {why}"), nodeid="tests/x.py::t")  # noqa: E731
+    lines = []
+    rep = SimpleNamespace(stats={"skipped": [skip("no device")] * 3 + [skip("no AMX")]}, write_line=lines.append)
+    conftest.pytest_terminal_summary(rep)
+    assert lines == ["skipped 4, by reason:", "     3  no device", "     1  no AMX"]
