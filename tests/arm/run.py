@@ -41,10 +41,11 @@ ORDER = ["cortex-a76", "cortex-a53", "neoverse-v1", "max"]   # the longest first
 # Not bit for bit, nor within the suite's 1e-3 to the PyTorch reference: ggml's ARM kernels round F16 differently
 # (without FP16 arithmetic llamafile's sgemm takes F32 activations unrounded; with it but without SVE, F16 dot products
 # accumulate in half precision: 2-3e-3 on an F16 backbone), and on these tiny random models the next quantized layer's
-# Q8 rounding of activations flips on that and amplifies it: up to 0.051 seen (cortex-a76, the 256-wide Q5_K model).
-# What the check is for is further off: one layer on the other weight set moves a row by 0.09-0.12 (x86), a model
-# quantized to Q4_0 instead of Q8_0 by 0.4.
-TOL = 0.08
+# Q8 rounding of activations flips on that and amplifies it: up to 0.051 seen (cortex-a76, the 256-wide Q5_K model),
+# 0.030 on the river GGUFs (bench/results/arm). What the check is for is further off: on a river GGUF, one layer on the
+# other weight set moves a row by 0.09-0.12 (x86), so their tolerance sits between (1.5x the noise, half the bug);
+# on the plain models a model quantized to Q4_0 instead of Q8_0 moves it by 0.4.
+TOL_RIVER, TOL_PLAIN = 0.045, 0.08
 
 
 def selection(cpu: str, repacks: bool) -> str:
@@ -88,14 +89,16 @@ def write_models(d: Path) -> None:
 
 
 def compare(arm: Path, x86: Path) -> dict:
-    """Per configuration the worst row error of ARM's logits against x86's, and whether it is within TOL."""
+    """Per configuration the worst row error of ARM's logits against x86's, and whether it is within its tolerance
+    (TOL_RIVER on the river GGUFs, TOL_PLAIN on the plain models)."""
     a, b = np.load(arm), np.load(x86)
     out = {}
     for k in a.files:
         model, cfg, _ = k.split("|")
         want = b[f"{model}|{cfg}|plain"]
         err = (np.abs(a[k] - want) / np.abs(want).max(-1, keepdims=True)).max(-1)
-        out[k] = {"q90": float(np.quantile(err, 0.9)), "max": float(err.max()), "ok": bool(err.max() < TOL)}
+        tol = TOL_RIVER if model.startswith("river-") else TOL_PLAIN
+        out[k] = {"q90": float(np.quantile(err, 0.9)), "max": float(err.max()), "tol": tol, "ok": bool(err.max() < tol)}
     return out
 
 
