@@ -546,3 +546,14 @@ def test_progress_without_a_terminal_is_plain_lines():
         bars("recording", 2, 10)
         bars("done", 10, 10)
     assert buf.getvalue().splitlines() == ["downloading", "building", "loading the model", "recording"]
+    # a later step of the same bar says what is left, from the bar's rate so far
+    import time
+
+    buf = io.StringIO()
+    with Bars(Console(file=buf, force_terminal=False)) as bars:
+        bars("recording", 0, 10)
+        time.sleep(0.2)
+        bars("checking", 5, 10)
+    first, second = buf.getvalue().splitlines()
+    assert first == "recording" and second.startswith("checking (50%; about 0 min 00 s left)"[:15])
+    assert "s left)" in second

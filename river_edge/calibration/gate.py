@@ -130,23 +130,27 @@ def _scaled(target: Target, inflation: float) -> Target:
     return Target("agreement", 1 - (1 - target.value) / inflation)
 
 
-def gate_report(model, fit: dict, test: dict, target: Target, s: Settings) -> dict:
+def gate_report(model, fit: dict, test: dict, target: Target, s: Settings, tick=lambda n: None) -> dict:
     """Fit the gate on the fit prompts' recordings and report it on the test prompts' (record()'s aux: the
     all-river figures under "gate", the backbone's reference under "ref"). Fitted on clean figures, then checked
-    online over online_tokens and tightened (as the rule is) until it meets the target there."""
+    online over online_tokens and tightened (as the rule is) until it meets the target there. tick(n): n prompts
+    checked online (3 fit checks at most, then the test's)."""
     fit_rec, fit_ref, test_rec, test_ref = fit["gate"], fit["ref"], test["gate"], test["ref"]
     inflation, checks = 1.0, 0
     for _ in range(3):
         checks += 1
         gate = fit_gate(fit_rec, _scaled(target, inflation))
         fit_online = online_gated(model, fit_ref, gate, s.batch)
+        tick(len(fit_ref))
         if target.met({**fit_online, "depth": 0}):
             break
         clean = gate_metrics(fit_rec, gate)
         ratio = (fit_online["kl"] / max(clean["kl"], 1e-9)) if target.kind == "kl" else \
             (1 - fit_online["agreement"]) / max(1 - clean["agreement"], 1e-9)
         inflation = max(inflation * 1.25, ratio)
+    tick(len(fit_ref) * (3 - checks))   # the checks it did not need
     test_online = online_gated(model, test_ref, gate, s.batch)
+    tick(len(test_ref))
     summary = {"target": {"kind": target.kind, "value": target.value}, "gate_entropy": gate,
                "fit": gate_metrics(fit_rec, gate), "fit_online": fit_online, "fit_online_checks": checks,
                "test": gate_metrics(test_rec, gate), "test_online": test_online,

@@ -20,7 +20,7 @@ from ..tokenizer import Tokenizer
 from . import figure
 from .gate import compact as gate_compact, gate_line, gate_report, gate_target
 from .prompts import default_prompts
-from .rule import calibrate
+from .rule import W_GATE, calibrate
 from .target import MAX_TOKENS, Settings, Target
 
 
@@ -104,14 +104,14 @@ def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings
     model = RiverModel(src, emulate=False)  # the exact math; ggml's rounding only matters at 1e-3
     took["load_model"] = round(time.monotonic() - t0, 2)
     rec: dict = {}
-    summary = calibrate(model, prompts, target, s, progress, keep=rec, seconds=took)
+    summary = calibrate(model, prompts, target, s, progress, keep=rec, seconds=took, gate_to_come=True)
     summary["source"] = label = label or src.name
     # the gated mode's gate, from the same recordings and split (a depth target: the default KL)
     t0 = time.monotonic()
-    progress("fitting the gated mode's gate", 0, 1)
-    gate = gate_report(model, rec["fit"], rec["test"], gate_target(target), s)
+    gate = gate_report(model, rec["fit"], rec["test"], gate_target(target), s,
+                       rec["tick"]("fitting and checking the gated mode's gate", W_GATE))
     summary["gate"] = gate_compact(gate)
-    progress("fitting the gated mode's gate", 1, 1)
+    progress("done", rec["total"], rec["total"])
     took["gate_fit_and_checks"] = round(time.monotonic() - t0, 2)
     summary["host"] = cpu()
     summary["seconds"] = took   # the last step, writing these files, is not in it
