@@ -56,10 +56,12 @@ test-rpc: setup
 # ARM (aarch64) under emulation: the runtime cross-compiled with ggml's ARM CPU variants (patches/cross.py: clang-19
 # over Debian's aarch64 cross toolchain; cached by the series' hash), then its self-comparing invariants and its
 # logits against this host's, in Debian's arm64 Python 3.11 under qemu-user as four CPUs (armv8.0, dotprod,
-# SVE+i8mm, everything), each CPU's record in bench/results/arm (tests/arm/run.py). As root, the Debian side
-# (packages, the arm64 architecture, bookworm-backports for a qemu that knows neoverse-v1) sets itself up.
+# SVE+i8mm, everything), each CPU's record in a temporary folder it names (tests/arm/run.py; `make test-arm
+# ARM_ARGS=--record` rewrites the committed ones in bench/results/arm). As root, the Debian side (packages, the arm64
+# architecture, bookworm-backports for a qemu that knows neoverse-v1) sets itself up.
+ARM_ARGS ?=
 test-arm: setup
-	$(PY) tests/arm/run.py
+	$(PY) tests/arm/run.py $(ARM_ARGS)
 
 # The one-call check on a GPU machine with many cores (bench/device_check.py; docs/backends.md): `make device-bundle`
 # here writes .device/ (the runtime or its patched source, wheels the machine cannot download, the models' shapes),

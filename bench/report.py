@@ -219,8 +219,9 @@ def _spec_compare(s: dict, t: dict | None = None) -> list[str]:
 
 def _long(lr: dict, model: str) -> list[str]:
     lo, b = lr["long"], lr["batch"]
+    # the run's host is recorded with its long half (long.host)
     out = [f"**Long and batched runs, {model}** (`bench/longrun.py`, figure `longrun_{model}.png`; "
-           f"{where(lr)}):", ""]
+           f"{where({**lr, 'host': lr.get('host') or lo.get('host')})}):", ""]
     for m, d in lo["modes"].items():
         out.append(f"- {lo['n_tokens']}-token generation, {m}: mean KL {d['kl_mean']:.4f} (first quarter "
                    f"{d['kl_first_quarter']:.4f}, last quarter {d['kl_last_quarter']:.4f}), top-1 {d['agreement']:.3f}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -76,8 +77,10 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     prompts = prompt_tokens(src, settings)   # the base's tokenizer is the river's: a bad prompt fails before the build
     tmp = temp_beside(dst, ".uncalibrated.gguf")
     try:
+        t0 = time.monotonic()
         build_river(src, tmp, **kw)
-        return calibrate_file(tmp, dst, target, settings, say, label=dst.name, prompts=prompts)
+        return calibrate_file(tmp, dst, target, settings, say, label=dst.name, prompts=prompts,
+                              seconds={"build_river_gguf": round(time.monotonic() - t0, 2)})
     finally:
         Path(tmp).unlink(missing_ok=True)
 

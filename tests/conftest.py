@@ -9,6 +9,7 @@ no biases, per-head q/k norms (as Qwen3-0.6B).
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -77,8 +78,20 @@ def runner(tmp_path, monkeypatch):
     return CliRunner()
 
 
+def _skip_reason(report) -> str:
+    r = report.longrepr
+    why = r[2] if isinstance(r, tuple) and len(r) == 3 else str(r)
+    return why.removeprefix("Skipped: ")
+
+
 def pytest_terminal_summary(terminalreporter):
-    """How much of the buffer-type matrix ran, and on what: AMX and CPU_REPACK exist only on some hosts."""
+    """The skips counted per reason (a run's 48 skips are otherwise one number); how much of the buffer-type matrix
+    ran, and on what: AMX and CPU_REPACK exist only on some hosts."""
+    skips = terminalreporter.stats.get("skipped", [])
+    if skips:
+        terminalreporter.write_line(f"skipped {len(skips)}, by reason:")
+        for why, n in Counter(map(_skip_reason, skips)).most_common():
+            terminalreporter.write_line(f"  {n:>4}  {why}")
     var = [r for k in ("passed", "failed", "skipped") for r in terminalreporter.stats.get(k, [])
            if "cpu_variant-" in r.nodeid and (r.when == "call" or r.skipped)]
     if var:

@@ -131,8 +131,44 @@ def test_build_calibrates_in_one_go(runner, tiny_llama_base, tmp_path, quick):
     assert summary["settings"]["n_prompts"] == 4 and summary["settings"]["decode_tokens"] == 4
     assert summary["settings"]["online_tokens"] == 8 and summary["fit_online"]["tokens_per_prompt"] == 8
     assert Path(f"{out}.calibration.png").stat().st_size > 0
+    # each step's wall time, on a named host (issue 41: a 10-minute build recorded none)
+    took = json.loads(Path(f"{out}.calibration.json").read_text())
+    assert {"build_river_gguf", "load_model", "record_fit_prompts", "online_fit_checks", "gate_fit_and_checks"} \
+        <= set(took["seconds"]) and all(v >= 0 for v in took["seconds"].values())
+    assert took["host"]["cpus"] >= 1 and took["host"]["model"]
     assert sha(tiny_llama_base) == before
     assert leftovers(tmp_path) == []  # the uncalibrated temporary is gone
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_killed_build_leaves_nothing_behind(tiny_llama_base, tmp_path, sig):
+    """SIGTERM (a `timeout`, a closed session) and Ctrl-C mid-build: the command's cleanup runs, so neither the
+    uncalibrated temporary river (hundreds of MB on a real model) nor a half-written output stays."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "short.txt").write_text("\n".join(SHORT) + "\n")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    # 1500 tokens per prompt: a calibration of many seconds on the tiny model, so the signal lands inside it
+    proc = subprocess.Popen([sys.executable, "-m", "river_edge.cli.main", "build", str(tiny_llama_base), "-o",
+                             str(folder / "out.gguf"), "--online-tokens", "1500", "--prompts", str(tmp_path / "short.txt")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(folder.glob(".out.gguf.*.uncalibrated.gguf")):   # the build has started
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        time.sleep(1.0)   # into the build or the calibration
+        assert proc.poll() is None
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == {"SIGTERM": 143, "SIGINT": 130}[sig], err
+    assert sorted(p.name for p in folder.iterdir()) == []
 
 
 def test_build_without_calibration_and_with_types(runner, tiny_llama_base, tmp_path):
@@ -510,3 +546,14 @@ def test_progress_without_a_terminal_is_plain_lines():
         bars("recording", 2, 10)
         bars("done", 10, 10)
     assert buf.getvalue().splitlines() == ["downloading", "building", "loading the model", "recording"]
+    # a later step of the same bar says what is left, from the bar's rate so far
+    import time
+
+    buf = io.StringIO()
+    with Bars(Console(file=buf, force_terminal=False)) as bars:
+        bars("recording", 0, 10)
+        time.sleep(0.2)
+        bars("checking", 5, 10)
+    first, second = buf.getvalue().splitlines()
+    assert first == "recording" and second.startswith("checking (50%; about 0 min 00 s left)"[:15])
+    assert "s left)" in second

@@ -1,5 +1,6 @@
-"""The runtime's invariants on a device backend. RIVER_TEST_DEVICE names it; without it these tests are not
-collected (`make test` runs the CPU build). With it, a missing device is a failure, not a skip.
+"""The runtime's invariants on a device backend. RIVER_TEST_DEVICE names it; without it these tests are collected
+and skipped, one skip each (`make test` runs the CPU build; its summary counts them under this reason). With it, a
+missing device is a failure, not a skip.
 
 - vulkan (`make test-vulkan`): ggml's Vulkan backend (on a machine without a GPU, Mesa's lavapipe).
 - rpc (`make test-rpc`): ggml's RPC backend, two `river rpc-server`s on 127.0.0.1 in child processes.

@@ -31,7 +31,8 @@ def test_depth_thresholds_give_the_target_depth(tiny_qwen2, target):
 
     llm = RiverLlama(str(tiny_qwen2), n_ctx=256, n_threads=1, seed=0)
     got = D.depth_thresholds(llm, target)
-    assert abs(got["depth_on_scores"] - target) <= 1.0
+    # within an eighth of a layer of the target on this 4-layer model (24 tokens: a step of 1/24); it allowed 1.0
+    assert abs(got["depth_on_scores"] - target) <= 0.125
     # the rule, run over the same steps with that threshold, exits where the scores said it would
     llm.reset_stats()
     llm.reset()
@@ -39,7 +40,7 @@ def test_depth_thresholds_give_the_target_depth(tiny_qwen2, target):
     llm.reset_stats()
     for _ in range(24):
         llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
-    assert llm.mean_depth() == pytest.approx(got["depth_on_scores"], abs=0.5)
+    assert llm.mean_depth() == pytest.approx(got["depth_on_scores"], abs=1 / 24)   # one token a layer off at most
 
 
 def test_projection_is_the_cost_models_choice():

@@ -155,6 +155,17 @@ def test_every_package_is_installed():
     assert found <= listed, sorted(found - listed)
 
 
+
+def test_the_readme_names_the_python_the_code_needs():
+    """The README's Python floor is pyproject's, and this suite runs on it (tomllib: 3.11); it said 3.10+."""
+    import re
+    import tomllib
+
+    floor = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    said = re.findall(r"Python (3\.\d+)\+", (ROOT / "README.md").read_text())
+    assert said and set(said) == {floor.removeprefix(">=")}, (said, floor)
+    assert tuple(map(int, floor.removeprefix(">=").split("."))) >= (3, 11)
+
 # Modules allowed past ~400 lines, and why (the house's rule: split a module that grows past it).
 LONG = {
     "river_edge.runtime.spec": "exact mode's draft-verify loop is one generator whose state (cache, cost model, "
@@ -230,3 +241,16 @@ def test_the_decoding_modes_and_the_tests_reach_the_model_through_its_decoder():
              if f.name != "test_structure.py"}
     assert {k: v for k, v in found.items() if v} == {"test_runtime.py": 2}
     assert pat.search("llm._ctx.decode(b)") and not pat.search("llm.decoder.decode(b)")
+
+
+def test_the_summary_counts_skips_per_reason():
+    """`make test` ends with its skips counted per reason (48 skips were one number, 40 of them the device tests)."""
+    from types import SimpleNamespace
+
+    import conftest
+
+    skip = lambda why: SimpleNamespace(longrepr=("tests/x.py", 1, f"Skipped: {why}"), nodeid="tests/x.py::t")  # noqa: E731
+    lines = []
+    rep = SimpleNamespace(stats={"skipped": [skip("no device")] * 3 + [skip("no AMX")]}, write_line=lines.append)
+    conftest.pytest_terminal_summary(rep)
+    assert lines == ["skipped 4, by reason:", "     3  no device", "     1  no AMX"]

@@ -15,6 +15,7 @@ import torch
 
 from ..format import RiverError
 from ..reference import Policy
+from .parallel import gated_pass
 from .record import entropy, kl_div
 from .rule import spearman
 from .target import Settings, Target
@@ -23,7 +24,28 @@ from .target import Settings, Target
 def online_gated(model, ref: dict, gate: float, batch: int) -> dict:
     """The gated mode teacher-forced over the reference's tokens as it runs: every token on the river first,
     re-decoded on the backbone (its cells rewritten) where the river's entropy >= gate, so the river-written
-    K/V of the tokens that did not fall back feed later ones."""
+    K/V of the tokens that did not fall back feed later ones. Each prompt's tokens in a few passes
+    (parallel.gated_pass), where online_gated_stepwise() runs one step per token."""
+    kls, agrees, falls, passes = [], [], [], []
+    items = list(ref.values())
+    with torch.no_grad():
+        for b0 in range(0, len(items), batch):
+            chunk = items[b0:b0 + batch]
+            caches = [model.new_cache(len(p) + len(t) + 1) for p, t, _ in chunk]
+            model.step([(p, c) for (p, _, _), c in zip(chunk, caches)], Policy.backbone(), per_sequence=True)
+            for (_, t, lp), c in zip(chunk, caches):
+                lg, fall, n = gated_pass(model, c, t, gate, entropy)
+                kls.append(kl_div(lp[:len(t)], lg))
+                agrees.append((lg.argmax(-1) == lp[:len(t)].argmax(-1)).float())
+                falls.append(fall.float())
+                passes.append(n)
+    mean = lambda xs: float(torch.cat(xs).mean())
+    return {"kl": mean(kls), "agreement": mean(agrees), "fallback_rate": mean(falls),
+            "tokens_per_prompt": min(len(t) for _, t, _ in items), "passes": max(passes)}
+
+
+def online_gated_stepwise(model, ref: dict, gate: float, batch: int) -> dict:
+    """online_gated(), one RiverModel.step per decode token (the reference its passes are tested against)."""
     kls, agrees, falls = [], [], []
     items = list(ref.values())
     with torch.no_grad():
@@ -98,7 +120,7 @@ def gate_target(target: Target) -> Target:
 
 def compact(summary: dict) -> dict:
     return {k: summary[k] for k in ("target", "gate_entropy", "test", "test_online", "target_met_online",
-                                    "test_all_river")}
+                                    "test_all_river", "fit_online_checks")}
 
 
 def _scaled(target: Target, inflation: float) -> Target:
@@ -108,24 +130,29 @@ def _scaled(target: Target, inflation: float) -> Target:
     return Target("agreement", 1 - (1 - target.value) / inflation)
 
 
-def gate_report(model, fit: dict, test: dict, target: Target, s: Settings) -> dict:
+def gate_report(model, fit: dict, test: dict, target: Target, s: Settings, tick=lambda n: None) -> dict:
     """Fit the gate on the fit prompts' recordings and report it on the test prompts' (record()'s aux: the
     all-river figures under "gate", the backbone's reference under "ref"). Fitted on clean figures, then checked
-    online over online_tokens and tightened (as the rule is) until it meets the target there."""
+    online over online_tokens and tightened (as the rule is) until it meets the target there. tick(n): n prompts
+    checked online (3 fit checks at most, then the test's)."""
     fit_rec, fit_ref, test_rec, test_ref = fit["gate"], fit["ref"], test["gate"], test["ref"]
-    inflation = 1.0
+    inflation, checks = 1.0, 0
     for _ in range(3):
+        checks += 1
         gate = fit_gate(fit_rec, _scaled(target, inflation))
         fit_online = online_gated(model, fit_ref, gate, s.batch)
+        tick(len(fit_ref))
         if target.met({**fit_online, "depth": 0}):
             break
         clean = gate_metrics(fit_rec, gate)
         ratio = (fit_online["kl"] / max(clean["kl"], 1e-9)) if target.kind == "kl" else \
             (1 - fit_online["agreement"]) / max(1 - clean["agreement"], 1e-9)
         inflation = max(inflation * 1.25, ratio)
+    tick(len(fit_ref) * (3 - checks))   # the checks it did not need
     test_online = online_gated(model, test_ref, gate, s.batch)
+    tick(len(test_ref))
     summary = {"target": {"kind": target.kind, "value": target.value}, "gate_entropy": gate,
-               "fit": gate_metrics(fit_rec, gate), "fit_online": fit_online,
+               "fit": gate_metrics(fit_rec, gate), "fit_online": fit_online, "fit_online_checks": checks,
                "test": gate_metrics(test_rec, gate), "test_online": test_online,
                "target_met_online": target.met({**test_online, "depth": 0}),
                "test_all_river": {"kl": float(test_rec["kl"].mean()), "agreement": float(test_rec["agree"].mean())},

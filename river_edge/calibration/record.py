@@ -41,19 +41,55 @@ def decode_backbone(model: RiverModel, prompts: list[list[int]], n: int):
     """Greedy backbone decoding in lockstep: caches, decoded tokens, and per step h_0..h_L and logits."""
     size = max(map(len, prompts)) + n + 1  # one size: _clean_exits stacks the caches
     caches = [model.new_cache(size) for _ in prompts]
+    if not model.emulate:   # every cache a view of one tensor, for the batched steps
+        K, V = torch.zeros(2, len(prompts), *caches[0].k.shape)
+        for b, c in enumerate(caches):
+            c.k, c.v = K[b], V[b]
     st = model.step(list(zip(prompts, caches)), Policy.backbone(), per_sequence=True)
     last = torch.stack([lg[-1] for lg in st.logits])
     toks, hid, logits, pos = [], [], [], []
     for _ in range(n):
         nxt = last.argmax(-1).tolist()
         pos.append([c.n for c in caches])
-        st = model.step([([t], c) for t, c in zip(nxt, caches)], Policy.backbone(), per_sequence=True,
-                        keep_hidden=True)
+        if model.emulate:   # (ggml's rounding: RiverModel.step's attention has it)
+            st = model.step([([t], c) for t, c in zip(nxt, caches)], Policy.backbone(), per_sequence=True,
+                            keep_hidden=True)
+            h, last = st.hidden, torch.cat(st.logits)
+        else:
+            h, last = _backbone_step(model, K, V, nxt, torch.tensor(pos[-1]))
+            for c in caches:
+                c.n += 1
         toks.append(nxt)
-        hid.append(st.hidden)                       # [L+1, B, d]
-        last = torch.cat(st.logits)
+        hid.append(h)                               # [L+1, B, d]
         logits.append(last)
     return caches, toks, torch.stack(hid, 2), torch.stack(logits, 1), torch.tensor(pos).T
+
+
+@torch.no_grad()
+def _backbone_step(model: RiverModel, K: torch.Tensor, V: torch.Tensor, tokens: list[int], pos: torch.Tensor):
+    """One token per sequence through the backbone, the sequences' caches stacked (K, V: [B, L, size, G, D]): what
+    RiverModel.step does with the backbone policy, in one attention per layer where it runs one per sequence (their
+    many small operations were most of a step). Returns h_0..h_L [L+1, B, d] and the logits [B, vocab]."""
+    a, B = model.args, len(tokens)
+    rep, S, rows = a.n_head // a.n_head_kv, int(pos.max()) + 1, torch.arange(B)
+    back = pos[:, None] - torch.arange(S)[None, :]              # query position - key position, [B, S]
+    h = model.backbone[0].embed(a, model.tok_embd[torch.tensor(tokens, dtype=torch.long)])
+    hidden = [h.clone()]
+    for il, blk in enumerate(model.backbone):
+        masked = (back < 0) | (back >= blk.window) if blk.window else back < 0
+
+        def attend(q, k, v, il=il, blk=blk, masked=masked):
+            K[rows, il, pos], V[rows, il, pos] = k, v
+            qg = q.view(B, a.n_head_kv, rep, a.head_dim)
+            sc = torch.einsum("bgrd,bsgd->bgrs", qg, K[:, il, :S]) * blk.kq_scale
+            pr = torch.softmax(sc.masked_fill(masked[:, None, None, :], float("-inf")), -1)
+            return torch.einsum("bgrs,bsgd->bgrd", pr, V[:, il, :S]).reshape(B, a.n_head, a.head_dim)
+        h = blk(h, pos, attend)
+        hidden.append(h.clone())
+    logits = model.head(rms_norm(h, model.out_norm, a.eps))
+    if a.softcap:
+        logits = torch.tanh(logits / a.softcap) * a.softcap
+    return torch.stack(hidden), logits
 
 
 def clean_exits(model: RiverModel, caches: list[Cache], hid: torch.Tensor, pos: torch.Tensor, layers):

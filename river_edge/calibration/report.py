@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -13,12 +14,13 @@ from ..gguf_tools.build import set_river_keys
 from ..gguf_tools.inspect import check
 from ..gguf_tools.reader import open_gguf, value
 from ..gguf_tools.writer import check_not_input, replacing_together
+from ..host import cpu
 from ..reference import RiverModel
 from ..tokenizer import Tokenizer
 from . import figure
 from .gate import compact as gate_compact, gate_line, gate_report, gate_target
 from .prompts import default_prompts
-from .rule import calibrate
+from .rule import W_GATE, calibrate
 from .target import MAX_TOKENS, Settings, Target
 
 
@@ -83,27 +85,36 @@ def check_target(src: str | Path, target: Target) -> None:
 
 def calibrate_file(src: str | Path, dst: str | Path, target: Target, s: Settings = Settings(),
                    progress: Callable[[str, int, int], None] = lambda what, done, total: None,
-                   label: str | None = None, prompts: list[list[int]] | None = None) -> dict:
+                   label: str | None = None, prompts: list[list[int]] | None = None,
+                   seconds: dict | None = None) -> dict:
     """Fit thresholds for the river GGUF `src` and write them to `dst` (never `src`), with the report
     beside it: DST.calibration.json and DST.calibration.png. `label` names the model in the summary and
     the plot (default: src's file name; a build through a temporary file passes the final name). `prompts`:
-    prompt_tokens(), when the caller checked them and the target (check_target) already. The three files appear together or not at all."""
+    prompt_tokens(), when the caller checked them and the target (check_target) already. `seconds`: steps the caller
+    timed before (the build), recorded first in the summary's "seconds" with each step here. The three files appear
+    together or not at all."""
     src, dst = Path(src), Path(dst)
     check_not_input(src, dst)
     check(src, require_river=True)
     if prompts is None:   # else the caller checked them and the target (defaults.build_calibrated_river)
         check_target(src, target)
         prompts = prompt_tokens(src, s)   # before the model: a bad prompt fails at once
+    took, t0 = dict(seconds or {}), time.monotonic()
     progress("loading the model", 0, 1)
     model = RiverModel(src, emulate=False)  # the exact math; ggml's rounding only matters at 1e-3
+    took["load_model"] = round(time.monotonic() - t0, 2)
     rec: dict = {}
-    summary = calibrate(model, prompts, target, s, progress, keep=rec)
+    summary = calibrate(model, prompts, target, s, progress, keep=rec, seconds=took, gate_to_come=True)
     summary["source"] = label = label or src.name
     # the gated mode's gate, from the same recordings and split (a depth target: the default KL)
-    progress("fitting the gated mode's gate", 0, 1)
-    gate = gate_report(model, rec["fit"], rec["test"], gate_target(target), s)
+    t0 = time.monotonic()
+    gate = gate_report(model, rec["fit"], rec["test"], gate_target(target), s,
+                       rec["tick"]("fitting and checking the gated mode's gate", W_GATE))
     summary["gate"] = gate_compact(gate)
-    progress("fitting the gated mode's gate", 1, 1)
+    progress("done", rec["total"], rec["total"])
+    took["gate_fit_and_checks"] = round(time.monotonic() - t0, 2)
+    summary["host"] = cpu()
+    summary["seconds"] = took   # the last step, writing these files, is not in it
     # the reports first, the GGUF last: a reader that finds the GGUF finds its reports
     with replacing_together([f"{dst}.calibration.json", f"{dst}.calibration.png", dst]) as (js, png, gguf):
         js.write_text(json.dumps(summary, indent=1), encoding="utf-8")

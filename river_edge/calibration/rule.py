@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict
+import time
+from dataclasses import asdict, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from .. import format as F
 from ..format import RiverError
 from ..reference import Policy, RiverModel
+from .parallel import decode_pass
 from .record import Trace, kl_div, record
 from .target import Settings, Target
 
@@ -96,7 +98,33 @@ def online(model: RiverModel, ref: dict, policy_for_step: Callable[[int, int], P
            prefill: Policy | None = None) -> dict:
     """Teacher-forced decoding of the backbone's tokens (all of ref's, Settings.online_tokens per prompt)
     with a policy that writes its own KV cache, so river-written K/V feed every later token as at run time.
-    policy_for_step(step, batch size) gives each step's policy; KL/agreement against the backbone."""
+    policy_for_step(step, batch size) gives each step's policy; KL/agreement against the backbone.
+
+    What online_stepwise() computes one step at a time, each prompt's decode tokens in one pass (parallel.py);
+    the policies are drawn in the same order (batches of `batch` prompts, step by step), so a random policy
+    draws the same exits."""
+    kls, agrees, depths, at = [], [], [], []
+    items = list(ref.values())
+    for b0 in range(0, len(items), batch):
+        chunk = items[b0:b0 + batch]
+        caches = [model.new_cache(len(p) + len(t) + 1) for p, t, _ in chunk]
+        model.step([(p, c) for (p, _, _), c in zip(chunk, caches)], prefill or policy_for_step(-1, len(chunk)),
+                   per_sequence=True)
+        steps = [policy_for_step(i, len(chunk)) for i in range(len(chunk[0][1]))]
+        for b, ((_, t, lp), c) in enumerate(zip(chunk, caches)):
+            own = [p if p.forced is None or isinstance(p.forced, int) else replace(p, forced=p.forced[b])
+                   for p in steps[:len(t)]]
+            lg, exits = decode_pass(model, c, t, own)
+            kls.append(kl_div(lp[:len(t)], lg))
+            agrees.append((lg.argmax(-1) == lp[:len(t)].argmax(-1)).float())
+            depths.append(torch.tensor(exits, dtype=torch.float32) + 1)
+            at.append(torch.arange(len(t)))
+    return _online_summary(kls, agrees, depths, at, items)
+
+
+def online_stepwise(model: RiverModel, ref: dict, policy_for_step: Callable[[int, int], Policy], batch: int,
+                    prefill: Policy | None = None) -> dict:
+    """online(), one RiverModel.step per decode token (the reference its one-pass decode is tested against)."""
     kls, agrees, depths, at = [], [], [], []
     items = list(ref.values())
     for b0 in range(0, len(items), batch):
@@ -113,6 +141,10 @@ def online(model: RiverModel, ref: dict, policy_for_step: Callable[[int, int], P
             at.append(torch.full((len(chunk),), i))
             agrees.append((lg.argmax(-1) == ref_lp.argmax(-1)).float())
             depths.append(torch.tensor(st.exit_layer, dtype=torch.float32) + 1)
+    return _online_summary(kls, agrees, depths, at, items)
+
+
+def _online_summary(kls, agrees, depths, at, items) -> dict:
     cat = lambda xs: float(torch.cat(xs).mean())
     n = min(len(t) for _, t, _ in items)
     kl, at = torch.cat(kls), torch.cat(at)
@@ -151,13 +183,20 @@ def signal_quality(tr: Trace) -> dict:
     return out
 
 
+# Relative cost per prompt of recording its signals, one online check of the rule, one of the gated mode (SmolLM2,
+# AMD Zen 4: 6.3 s, 1.3 s, 5.6 s): the progress bar's units.
+W_RECORD, W_RULE, W_GATE = 5, 1, 4
+
+
 # -- the whole calibration -----------------------------------------------------------------------------
 
 def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Settings,
               progress: Callable[[str, int, int], None] = lambda what, done, total: None,
-              keep: dict | None = None) -> dict:
+              keep: dict | None = None, seconds: dict | None = None, gate_to_come: bool = False) -> dict:
     """Fit on half of the prompts (shuffled), report on the other half. Returns the fit summary; `keep` (a dict)
-    receives the recordings of both halves ("fit", "test": record()'s aux) for the gate's fit."""
+    receives the recordings of both halves ("fit", "test": record()'s aux) for the gate's fit; `seconds` (a dict)
+    each step's wall time. gate_to_come: the caller fits the gate next (report.calibrate_file): the progress total
+    includes its checks, keep["tick"] counts them, and the caller reports the end."""
     if len(prompts) < 2:
         raise RiverError("calibration needs at least 2 prompts")
     if model.river is None:
@@ -168,27 +207,42 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
     rng.shuffle(order)
     half = len(order) // 2
     fit_p, test_p = [prompts[i] for i in order[:half]], [prompts[i] for i in order[half:]]
-    total = len(prompts) + 3 * len(test_p) + 3 * len(fit_p)
+    # progress in units of work, so that the bar's estimate of what is left holds across steps of unequal cost
+    total = W_RECORD * len(prompts) + W_RULE * 3 * len(prompts) + (W_GATE * (3 * len(fit_p) + len(test_p))
+                                                                   if gate_to_come else 0)
     done = [0]
 
-    def tick(what):
+    def tick(what, w=1):
         def f(n):
-            done[0] += n
+            done[0] += n * w
             progress(what, done[0], total)
         return f
 
+    took = seconds if seconds is not None else {}
+    clock = [time.monotonic()]
+
+    def lap(step):
+        now = time.monotonic()
+        took[step] = round(took.get(step, 0.0) + now - clock[0], 2)
+        clock[0] = now
+
     progress("recording signals (fit prompts)", 0, total)  # the first tick comes only after a whole batch
-    tr_fit, aux = record(model, fit_p, s, tick("recording signals (fit prompts)"))
-    tr_test, aux_test = record(model, test_p, s, tick("recording signals (test prompts)"), massive=aux["massive"])
+    tr_fit, aux = record(model, fit_p, s, tick("recording signals (fit prompts)", W_RECORD))
+    lap("record_fit_prompts")
+    tr_test, aux_test = record(model, test_p, s, tick("recording signals (test prompts)", W_RECORD),
+                               massive=aux["massive"])
+    lap("record_test_prompts")
     if keep is not None:
         keep.update(fit=aux, test=aux_test)
 
     # Fit on clean figures, then tighten until the rule meets the target online on the fit prompts.
-    inflation, chosen, measured = 1.0, None, None
+    inflation, chosen, measured, checks = 1.0, None, None, 0
     for _ in range(3):
+        checks += 1
         chosen = fit(tr_fit, target, s.rule, inflation)
         measured = online(model, aux["ref"], rule_policy(chosen["thresholds"], chosen["min_exit_layer"]), s.batch)
         tick("checking the fit online")(len(fit_p))
+        lap("online_fit_checks")
         if target.met(measured):
             break
         c = chosen["clean"]
@@ -196,18 +250,22 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
                  "agreement": (1 - measured["agreement"]) / max(1 - c["agreement"], 1e-9),
                  "depth": measured["depth"] / max(c["depth"], 1e-9)}[target.kind]
         inflation = max(inflation * 1.25, ratio)  # the measured clean-to-online inflation
+    tick("checking the fit online")(len(fit_p) * (3 - checks))   # the checks it did not need
     if not target.met(measured) and target.kind != "depth":   # the backbone always meets a quality target
         chosen = backbone_fit(tr_fit)   # (a depth target keeps its shallowest try; the verdict says how far off)
 
     tau, m = chosen["thresholds"], chosen["min_exit_layer"]
     test_rule = online(model, aux_test["ref"], rule_policy(tau, m), s.batch)
     tick("evaluating on test prompts")(len(test_p))
+    lap("online_test_rule")
     p_bb = test_rule["depth"] / L
     test_random = online(model, aux_test["ref"], random_policy(p_bb, L, s.seed), s.batch,
                          prefill=Policy.backbone())
     tick("evaluating on test prompts")(len(test_p))
+    lap("online_test_random")
     test_river = online(model, aux_test["ref"], lambda i, n: Policy(forced=-1), s.batch)
     tick("evaluating on test prompts")(len(test_p))
+    lap("online_test_all_river")
     quality = signal_quality(tr_test)
     sweep = []
     for tau_c, m_c, q in candidates(tr_test, s.rule, [m]):
@@ -218,7 +276,11 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
     # the least threshold exits at the min exit layer whatever the similarity: one exit layer for every
     # token, so "random tokens at the same depth" is the same configuration, not a comparison
     degenerate = m < L - 1 and bool(np.all(np.asarray(tau[m:L - 1]) <= 0.0))
-    progress("done", total, total)
+    lap("sweep_and_signal_quality")
+    if gate_to_come and keep is not None:
+        keep["tick"], keep["total"] = tick, total
+    else:
+        progress("done", total, total)
     return {
         "target": asdict(target),
         "rule": s.rule,
@@ -229,6 +291,7 @@ def calibrate(model: RiverModel, prompts: list[list[int]], target: Target, s: Se
         "n_fit_prompts": len(fit_p), "n_test_prompts": len(test_p),
         "massive_dims": aux["massive"],
         "fit_online": measured,
+        "fit_online_checks": checks,
         "test": {"rule": test_rule, "random_same_depth": test_random, "all_river": test_river,
                  "backbone": {"depth": float(L), "kl": 0.0, "agreement": 1.0}},
         "test_clean_sweep": sweep,

@@ -7,9 +7,11 @@ not a terminal (a log, CI) there are no bars: each new step is one plain line in
 """
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn,
-                           TimeElapsedColumn)
+                           TimeElapsedColumn, TimeRemainingColumn)
 
 
 class Bars:
@@ -19,13 +21,17 @@ class Bars:
     def __init__(self, console: Console | None = None):
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal
+        # elapsed, then the estimate of what is left (from the bar's rate: calibration counts in units of work)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=self.console)
+                                 MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
+                                 TimeRemainingColumn(), console=self.console)
         self._task: TaskID | None = None
         self._at = (0, 0)  # done, total of the current bar
         self._note: TaskID | None = None
         self._last = ""
         self._started = False
+        self._step = ""
+        self._task_start: tuple[float, int] | None = None   # without a terminal: when the current bar began, at what count
 
     def __enter__(self) -> "Bars":
         return self  # the display starts with the first report: a command that fails first draws nothing
@@ -54,7 +60,15 @@ class Bars:
                 return
             what = "calibrated"
         if not self.live:
-            self._line(what)
+            if self._task_start is None or total != self._at[1] or done < self._at[0]:
+                self._task_start = (time.monotonic(), done)
+            self._at = (done, total)
+            t0, d0 = self._task_start
+            if what != self._step:   # a new step: with the estimate of what is left, once the bar has a rate
+                self._step = what
+                left = (time.monotonic() - t0) / (done - d0) * (total - done) if done > d0 else None
+                self._line(what if left is None else
+                           f"{what} ({done * 100 // total}%; about {int(left) // 60} min {int(left) % 60:02d} s left)")
             return
         self._start()
         if self._task is None or total != self._at[1] or done < self._at[0]:

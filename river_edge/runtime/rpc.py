@@ -115,6 +115,7 @@ def serve(host: str = "127.0.0.1", port: int = 50052, threads: int | None = None
     devs = (c.c_void_p * 1)(cpu)
     # The server loop never returns to Python: let Ctrl-C and SIGTERM end the process directly.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the CLI's guard raises it in Python, which never runs again
     start(endpoint.encode(), None, threads or os.cpu_count() or 1, 1, devs)
     raise RiverError(f"rpc-server on {host}:{port} stopped: ggml could not serve there (its message is above)")
 

@@ -28,6 +28,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+RECORDS = ROOT / "bench" / "results" / "arm"
 sys.path[:0] = [str(ROOT / "patches"), str(ROOT / "tests")]
 import cross  # noqa: E402  (patches/cross.py)
 from sysroot import Arm  # noqa: E402
@@ -40,10 +41,11 @@ ORDER = ["cortex-a76", "cortex-a53", "neoverse-v1", "max"]   # the longest first
 # Not bit for bit, nor within the suite's 1e-3 to the PyTorch reference: ggml's ARM kernels round F16 differently
 # (without FP16 arithmetic llamafile's sgemm takes F32 activations unrounded; with it but without SVE, F16 dot products
 # accumulate in half precision: 2-3e-3 on an F16 backbone), and on these tiny random models the next quantized layer's
-# Q8 rounding of activations flips on that and amplifies it: up to 0.051 seen (cortex-a76, the 256-wide Q5_K model).
-# What the check is for is further off: one layer on the other weight set moves a row by 0.09-0.12 (x86), a model
-# quantized to Q4_0 instead of Q8_0 by 0.4.
-TOL = 0.08
+# Q8 rounding of activations flips on that and amplifies it: up to 0.051 seen (cortex-a76, the 256-wide Q5_K model),
+# 0.030 on the river GGUFs (bench/results/arm). What the check is for is further off: on a river GGUF, one layer on the
+# other weight set moves a row by 0.09-0.12 (x86), so their tolerance sits between (1.5x the noise, half the bug);
+# on the plain models a model quantized to Q4_0 instead of Q8_0 moves it by 0.4.
+TOL_RIVER, TOL_PLAIN = 0.045, 0.08
 
 
 def selection(cpu: str, repacks: bool) -> str:
@@ -87,14 +89,16 @@ def write_models(d: Path) -> None:
 
 
 def compare(arm: Path, x86: Path) -> dict:
-    """Per configuration the worst row error of ARM's logits against x86's, and whether it is within TOL."""
+    """Per configuration the worst row error of ARM's logits against x86's, and whether it is within its tolerance
+    (TOL_RIVER on the river GGUFs, TOL_PLAIN on the plain models)."""
     a, b = np.load(arm), np.load(x86)
     out = {}
     for k in a.files:
         model, cfg, _ = k.split("|")
         want = b[f"{model}|{cfg}|plain"]
         err = (np.abs(a[k] - want) / np.abs(want).max(-1, keepdims=True)).max(-1)
-        out[k] = {"q90": float(np.quantile(err, 0.9)), "max": float(err.max()), "ok": bool(err.max() < TOL)}
+        tol = TOL_RIVER if model.startswith("river-") else TOL_PLAIN
+        out[k] = {"q90": float(np.quantile(err, 0.9)), "max": float(err.max()), "tol": tol, "ok": bool(err.max() < tol)}
     return out
 
 
@@ -164,11 +168,16 @@ def row(rec: dict) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpus", default=",".join(CPUS), help="qemu -cpu models, comma-separated")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "arm"), help="folder of the per-CPU JSON")
+    ap.add_argument("--out", help="folder of the per-CPU JSON (default: a new temporary folder, named at the end)")
+    ap.add_argument("--record", action="store_true",
+                    help=f"write them to {RECORDS.relative_to(ROOT)}, the committed records the docs cite")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds per qemu run")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="CPUs emulated at once")
     args = ap.parse_args()
-    out = Path(args.out)
+    if args.record and args.out:
+        ap.error("--record writes to the committed records; --out names another folder: give one")
+    # a plain run must not rewrite the committed records (a check is not a new measurement)
+    out = RECORDS if args.record else Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="river-arm-records-"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     pkg = cross.build()
