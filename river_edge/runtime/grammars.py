@@ -18,7 +18,7 @@ REPEAT_LIMIT = 2000       # llama.cpp's own: a larger minimum fails to parse, a 
 
 MAX_SCHEMA_NODES = 10_000
 MAX_SCHEMA_DEPTH = 64     # JSON containers: a schema level is one or two
-MAX_SCHEMA_REPEAT = 1024  # one minLength / maxItems / ...: the converter writes one nested group per unit
+MAX_SCHEMA_REPEAT = 900   # one minLength / maxItems / ...: one nested group per unit (llama.cpp refuses ~1000)
 MAX_SCHEMA_REPEATS = 2048  # all of them in one schema
 MAX_PATTERN = 512
 MAX_INT = 10 ** 18
@@ -29,6 +29,10 @@ TOP = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 _ESC = {"x": 2, "u": 4, "U": 8}
 _WORD = re.compile(r"[a-zA-Z0-9-]")
+_DEFINES = re.compile(r"[ \t]*::=")
+_TOKEN = re.compile(r"!?<\[([0-9]+)\]>")
+_BRACES = re.compile(r"\{\s*([0-9]+)\s*(,\s*([0-9]*)\s*)?\}")
+MAX_PATHS = 100_000       # ways rules reach one another at their start (see _Rules.leading_paths)
 
 
 def _char(text: str, i: int) -> tuple[int | None, int]:
@@ -70,10 +74,108 @@ def _class_is_empty(ranges: list[tuple[int, int]], negated: bool) -> bool:
     return True
 
 
+class _Rules:
+    """The grammar's shape as the scan meets it: rule -> alternatives -> symbols, where a symbol is "t" (a terminal),
+    "e" (an empty literal), a rule's name, or ("?", symbol, min) for a repetition (groups are rules of their own)."""
+
+    def __init__(self):
+        self.alts: dict[str, list[list]] = {}
+        self.frames: list[str] = []
+        self.groups = 0
+
+    def start(self, name: str) -> None:
+        self.frames = [name]
+        self.alts.setdefault(name, []).append([])
+
+    def open_group(self) -> None:
+        self.groups += 1
+        key = f"({self.groups}"
+        self.add(key)
+        self.frames.append(key)
+        self.alts[key] = [[]]
+
+    def close_group(self) -> None:
+        if len(self.frames) > 1:
+            self.frames.pop()
+
+    def alternative(self) -> None:
+        if self.frames:
+            self.alts[self.frames[-1]].append([])
+
+    def add(self, sym) -> None:
+        if self.frames:
+            self.alts[self.frames[-1]][-1].append(sym)
+
+    def repeat(self, lo: int, copies: int) -> None:
+        if self.frames and (alt := self.alts[self.frames[-1]][-1]):
+            alt[-1] = ("?", alt[-1], lo, copies)
+
+    def leading_paths(self) -> int:
+        """The most ways any rule reaches others at its start: llama.cpp's left-recursion check and its stack
+        expansion walk each of them (`r0 ::= r1 | r1`, `r1 ::= r2 | r2`, ... doubles the work per rule)."""
+        alts = self.alts
+        nullable: set[str] = set()
+        users: dict[str, set[str]] = {}
+        for name, rs in alts.items():
+            for alt in rs:
+                for sym in alt:
+                    while isinstance(sym, tuple):
+                        sym = sym[1]
+                    if sym not in ("t", "e"):
+                        users.setdefault(sym, set()).add(name)
+
+        def empty(sym) -> bool:
+            while isinstance(sym, tuple):   # one ("?", ...) wrapper per repetition op on the symbol
+                if sym[2] == 0:
+                    return True
+                sym = sym[1]
+            return sym == "e" or sym in nullable
+        todo = list(alts)
+        while todo:   # worklist: a rule that becomes nullable re-checks the rules that use it
+            name = todo.pop()
+            if name not in nullable and any(all(empty(s) for s in alt) for alt in alts[name]):
+                nullable.add(name)
+                todo.extend(users.get(name, ()))
+        edges: dict[str, list[tuple[str, int]]] = {}
+        for name, rs in alts.items():
+            out = edges[name] = []
+            for alt in rs:
+                for sym in alt:
+                    copies, inner = 1, sym
+                    while isinstance(inner, tuple):
+                        copies, inner = min(copies * (1 + inner[3]), MAX_PATHS + 1), inner[1]
+                    if inner in alts:
+                        out.append((inner, copies))
+                    if not empty(sym):
+                        break
+        paths: dict[str, int] = {}
+        for start in alts:   # iterative post-order; an edge back into the walk (left recursion) counts once
+            stack, on = [(start, 0)], {start}
+            while stack:
+                name, k = stack[-1]
+                if name in paths:
+                    stack.pop()
+                    on.discard(name)
+                    continue
+                out = edges[name]
+                if k < len(out):
+                    stack[-1] = (name, k + 1)
+                    nxt = out[k][0]
+                    if nxt not in paths and nxt not in on:
+                        stack.append((nxt, 0))
+                        on.add(nxt)
+                    continue
+                paths[name] = min(1 + sum(c * paths.get(t, 1) for t, c in out), MAX_PATHS + 1)
+                stack.pop()
+                on.discard(name)
+        return max(paths.values(), default=0)
+
+
 def gbnf_problem(text, n_vocab: int) -> str | None:
     """Why a GBNF grammar is refused before llama.cpp parses it, or None. One pass, no recursion: size, nesting,
-    rules and elements after repetition expansion, token references, NUL and empty character classes. Syntax is
-    llama.cpp's to judge (its parser is safe on what passes here)."""
+    rules and elements after repetition expansion, token references, NUL and empty character classes; then the
+    number of ways rules reach one another at their start. Syntax is llama.cpp's to judge (its parser is safe on
+    what passes here)."""
     if not isinstance(text, str):
         return f"a grammar is GBNF text, not {type(text).__name__}"
     if "\x00" in text:
@@ -81,6 +183,7 @@ def gbnf_problem(text, n_vocab: int) -> str | None:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
         return f"the grammar is over {MAX_GRAMMAR_BYTES >> 10} KiB"
     i, n, depth, rules, elements, last = 0, len(text), 0, 0, 0, 0
+    shape = _Rules()
     while i < n:
         c = text[i]
         if c == "#":
@@ -96,6 +199,7 @@ def gbnf_problem(text, n_vocab: int) -> str | None:
                 size += 1
             i += 1
             elements, last = elements + size, size
+            shape.add("t" if size else "e")
         elif c == "[":
             i += 1
             negated = i < n and text[i] == "^"
@@ -113,8 +217,9 @@ def gbnf_problem(text, n_vocab: int) -> str | None:
             if _class_is_empty(ranges, negated):
                 return f"the grammar's character class {text[max(0, i - 40):i]!r} holds no character a token can write"
             elements, last = elements + size, size
+            shape.add("t")
         elif c in "<!":
-            m = re.compile(r"!?<\[([0-9]+)\]>").match(text, i)
+            m = _TOKEN.match(text, i)
             if m:
                 if int(m.group(1)) >= n_vocab:
                     return f"the grammar's token <[{m.group(1)}]> is not a token id of this model (0..{n_vocab - 1})"
@@ -122,19 +227,25 @@ def gbnf_problem(text, n_vocab: int) -> str | None:
             else:   # <text>: llama.cpp tokenizes it and wants one token
                 i = text.find(">", i) + 1 or n
             elements, last = elements + 1, 1
+            shape.add("t")
         elif c == "(":
             depth += 1
             if depth > MAX_DEPTH:
                 return f"the grammar nests groups over {MAX_DEPTH} deep"
             rules += 1
+            shape.open_group()
             i += 1
         elif c == ")":
             depth = max(depth - 1, 0)
             elements, last = elements + 1, 1
+            shape.close_group()
+            i += 1
+        elif c == "|":
+            shape.alternative()
             i += 1
         elif c in "*+?{":
             if c == "{":
-                m = re.compile(r"\{\s*([0-9]+)\s*(,\s*([0-9]*)\s*)?\}").match(text, i)
+                m = _BRACES.match(text, i)
                 if not m:
                     i += 1
                     continue
@@ -152,16 +263,22 @@ def gbnf_problem(text, n_vocab: int) -> str | None:
             rules += n_opt
             elements += last * (max(lo, 1) - 1) + n_opt * (last + 3)
             last = last * lo + (1 if n_opt else 0)
-        elif text.startswith("::=", i):
-            rules += 1
-            i += 3
+            shape.repeat(lo, n_opt)
         elif c == ".":
             elements, last = elements + 1, 1
+            shape.add("t")
             i += 1
         elif _WORD.match(c):
+            start = i
             while i < n and _WORD.match(text[i]):
                 i += 1
-            elements, last = elements + 1, 1
+            if (m := _DEFINES.match(text, i)) and depth == 0:   # name ::= starts a rule
+                rules += 1
+                shape.start(text[start:i])
+                i = m.end()
+            else:
+                elements, last = elements + 1, 1
+                shape.add(text[start:i])
         else:
             i += 1
         if rules > MAX_RULES:
@@ -169,6 +286,9 @@ def gbnf_problem(text, n_vocab: int) -> str | None:
                     "(x{m,n} makes n - m rules)")
         if elements > MAX_ELEMENTS:
             return f"the grammar makes over {MAX_ELEMENTS} elements once its repetitions are expanded"
+    if shape.leading_paths() > MAX_PATHS:
+        return (f"the grammar's rules reach one another at their start in over {MAX_PATHS} ways (as r0 ::= r1 | r1, "
+                "r1 ::= r2 | r2, ...): llama.cpp would walk each of them")
     return None
 
 
