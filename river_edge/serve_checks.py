@@ -57,8 +57,9 @@ def refused(body: dict, path: str, proxy) -> str | None:
         prompt = prompt[0] if prompt else ""
     if not chat and prompt == "":
         return "the prompt is empty: llama.cpp decodes at least one token"
-    lp = body.get("logprobs")   # 0 asks for the chosen token's (and 0 == False: compared by identity)
-    if (lp is not None and lp is not False or body.get("top_logprobs")) and not llm.decoder.logits_all:
+    # a completion's logprobs is a count (0, or False read as 0, asks for the chosen token's); a chat's is a flag
+    lp = body.get("logprobs")
+    if ((bool(lp) if chat else lp is not None) or body.get("top_logprobs")) and not llm.decoder.logits_all:
         return "logprobs are not served: the model is loaded without logits_all (every mode would pay for them)"
     for key in ("n", "best_of"):
         if body.get(key) not in (None, 1):
