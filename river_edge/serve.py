@@ -9,6 +9,7 @@ chat template refuses to render is a 400 before anything runs, streaming include
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import sys
@@ -173,8 +174,6 @@ def allowed_origin(origin: str, allowed: tuple[str, ...]) -> bool:
 def allowed_host(host: str, hosts: tuple[str, ...], origins: tuple[str, ...]) -> bool:
     """A Host header the server answers: an IP address or localhost (no page can rebind those names), the name it
     was started on (--host), or the host of an --allow-origin ('*': any)."""
-    import ipaddress
-
     if "*" in origins:
         return True
     name = host.rsplit(":", 1)[0] if not host.endswith("]") else host

@@ -12,6 +12,7 @@ import math
 import re
 import threading
 
+import llama_cpp
 from pydantic import ValidationError
 
 from river_edge.format import RiverError
@@ -143,8 +144,6 @@ def _over_context(size: int, proxy) -> str | None:
 def max_piece(proxy) -> int:
     """Bytes of the vocabulary's longest token (special ones as their text): measured once per server."""
     if getattr(proxy, "_max_piece", None) is None:
-        import llama_cpp
-
         llm, buf, most = proxy.llm, ctypes.create_string_buffer(256), 1
         for t in range(llm.n_vocab()):
             n = llama_cpp.llama_token_to_piece(llm._model.vocab, t, buf, len(buf), 0, True)
