@@ -9,20 +9,23 @@ chat template refuses to render is a 400 before anything runs, streaming include
 """
 from __future__ import annotations
 
+import ipaddress
 import json
-import math
+import os
+import sys
+import threading
 from pathlib import Path
 
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-from pydantic import ValidationError
+import anyio
 
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from river_edge import format as F
 from river_edge.format import MODES, RiverError
 from river_edge.ports import listen
-from river_edge.runtime.inputs import check_tokens, grammar_error
+from river_edge.runtime import inputs
 from river_edge.runtime.llama import RiverLlama
+from river_edge.serve_checks import refused
 
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/engines/copilot-codex/completions")
 COPILOT = "copilot-codex"   # the model name the app passes for its Copilot route: the server's default mode
 
 
@@ -72,93 +75,6 @@ class RiverProxy:
         self.llm.close()
 
 
-def refused(body: dict, path: str, proxy: RiverProxy) -> str | None:
-    """Why a request cannot be served as asked, or None. Raises nothing: the reason becomes a 400. Every check
-    here is cheap or runs outside the model's lock (tokenizing reads only the vocabulary), so a bad request never
-    holds up the one running, and every mode answers a request the same way."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        return f"model must be a string, not {model!r}"
-    try:
-        proxy.resolve(model)
-    except RiverError as e:
-        return str(e)
-    if (bad := _where(body, _unencodable)) is not None:
-        return f"{bad}: not valid Unicode (a lone surrogate), which no tokenizer can encode"
-    if (bad := _where(body, lambda x: isinstance(x, float) and not math.isfinite(x))) is not None:
-        return f"{bad}: not a finite number"
-    if (why := _invalid(body, path)) is not None:
-        return why
-    llm = proxy.llm
-    if path == "/extras/detokenize":
-        return _check(check_tokens, body["tokens"], llm.n_vocab(), "tokens")
-    if path not in ROUTES:
-        return None
-    chat = path == "/v1/chat/completions"
-    prompt = body.get("prompt", "")
-    if not chat and isinstance(prompt, list):
-        if len(prompt) > 1:
-            return f"prompt: a list of {len(prompt)} prompts; this server answers one prompt per request"
-        prompt = prompt[0] if prompt else ""
-    if not chat and prompt == "":
-        return "the prompt is empty: llama.cpp decodes at least one token"
-    lp = body.get("logprobs")   # 0 asks for the chosen token's (and 0 == False: compared by identity)
-    if (lp is not None and lp is not False or body.get("top_logprobs")) and not llm.decoder.logits_all:
-        return "logprobs are not served: the model is loaded without logits_all (every mode would pay for them)"
-    for key in ("n", "best_of"):
-        if body.get(key) not in (None, 1):
-            return f"{key} = {body[key]}: this server answers one choice per request"
-    if body.get("logit_bias") and body.get("logit_bias_type") != "tokens":
-        ids = list(body["logit_bias"])
-        if (bad := next((k for k in ids if not k.strip().lstrip("-").isdigit()), None)) is not None:
-            return f"logit_bias: key {bad!r} is not a token id (logit_bias_type 'tokens' takes token text)"
-        if why := _check(check_tokens, [int(k) for k in ids], llm.n_vocab(), "logit_bias keys"):
-            return why
-    if body.get("grammar") is not None and (why := grammar_error(llm, body["grammar"])):
-        return why
-    if chat:
-        if len(body["messages"]) > llm.n_ctx():
-            return f"{len(body['messages'])} messages cannot fit the context of {llm.n_ctx()} tokens"
-        why, prompt = rendered(body, proxy.template)
-        if why or prompt is None:
-            return why
-    n = len(llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True))
-    if n >= llm.n_ctx():
-        return f"the prompt is {n} tokens: it does not fit the context of {llm.n_ctx()} (river serve --ctx)"
-    return None
-
-
-def _check(check, *args) -> str | None:
-    try:
-        check(*args)
-    except RiverError as e:
-        return str(e)
-    return None
-
-
-# The app's own request types, by route: checked here so that a malformed field is a 400 naming it (the app's
-# error handler answers its own validation errors with a 500 and a traceback)
-def _types() -> dict:
-    from llama_cpp.server import types as T  # the server packages load with the app (_deps)
-
-    return {**dict.fromkeys(ROUTES, T.CreateCompletionRequest), "/v1/chat/completions": T.CreateChatCompletionRequest,
-            "/v1/embeddings": T.CreateEmbeddingRequest, "/extras/tokenize": T.TokenizeInputRequest,
-            "/extras/tokenize/count": T.TokenizeInputRequest, "/extras/detokenize": T.DetokenizeInputRequest}
-
-
-def _invalid(body: dict, path: str) -> str | None:
-    kind = _types().get(path)
-    if kind is None:
-        return None
-    try:
-        kind.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "the request"
-        return f"{where}: {err['msg']}"
-    return None
-
-
 def _gguf_template(llm):
     """The GGUF's chat template as llama-cpp-python's app renders it (its own formatter and tokens), or None when
     the model chats through another format."""
@@ -169,56 +85,26 @@ def _gguf_template(llm):
     return Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], text(llm.token_eos()), text(llm.token_bos()))
 
 
-def rendered(body: dict, template) -> tuple[str | None, str | None]:
-    """(why the chat template cannot render the request's messages, or None; the prompt it renders, or None where
-    the model chats through another format). A template's raise_exception (roles that must alternate) or a failing
-    expression would be a 500 from the app. Rendered as the app renders them: after its own validation (which drops
-    undeclared keys), with the fields it passes."""
-    from llama_cpp.server.types import CreateChatCompletionRequest
-
-    if template is None:
-        return None, None
-    req = CreateChatCompletionRequest.model_validate(body).model_dump()   # valid: refused() checked it
-    try:
-        out = template(**{k: req.get(k) for k in ("messages", "functions", "function_call", "tools", "tool_choice")})
-    except Exception as e:   # whatever the template raises (TemplateError, ValueError, TypeError, ...) is the request's
-        return f"the model's chat template cannot render these messages: {type(e).__name__}: {e}", None
-    return None, out.prompt
-
-
-def _unencodable(x) -> bool:
-    """A string with a lone surrogate (JSON allows "\\udcff"; UTF-8 does not)."""
-    if not isinstance(x, str):
-        return False
-    try:
-        x.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def _where(x, bad, where: str = "the request") -> str | None:
-    """Where in a JSON value a leaf is bad (the key holding it), or None."""
-    if isinstance(x, dict):
-        return next((w for k, v in x.items() if (w := _where(v, bad, f"{k!r}")) is not None), None)
-    if isinstance(x, list):
-        return next((w for v in x if (w := _where(v, bad, where)) is not None), None)
-    return where if bad(x) else None
-
-
 class CheckModel:
     """ASGI middleware: a request that refused() turns down (a `model` the proxy cannot resolve, on any route;
-    logprobs; n > 1; an empty prompt; text that is not Unicode; messages the chat template cannot render) gets a
-    400 with the reason, before the app starts (a streamed response could no longer
-    change its status)."""
+    logprobs; n > 1; an empty prompt; text that is not Unicode; a grammar or schema past the bounds; messages the chat
+    template cannot render) gets a 400 with the reason, before the app starts (a streamed response could no longer
+    change its status). The body is parsed and checked in a worker thread: a large one never stalls the event loop,
+    and so never another client's stream. A Host header naming another machine is a 403 (DNS rebinding)."""
 
-    def __init__(self, app, proxy: RiverProxy, origins: tuple[str, ...] = ()):
-        self.app, self.proxy, self.origins = app, proxy, origins
+    def __init__(self, app, proxy: RiverProxy, origins: tuple[str, ...] = (), hosts: tuple[str, ...] = ()):
+        self.app, self.proxy, self.origins, self.hosts = app, proxy, origins, hosts
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        origin = dict(scope.get("headers") or []).get(b"origin")
+        headers = dict(scope.get("headers") or [])
+        host = headers.get(b"host")
+        if host is not None and not allowed_host(host.decode("latin-1"), self.hosts, self.origins):
+            # a page that rebound its own name to this machine sends its name: it must not read the GET routes
+            return await _error(send, 403, f"requests for host {host.decode('latin-1')!r} are not allowed; start the "
+                                           "server with --host NAME, or --allow-origin for a web page's host")
+        origin = headers.get(b"origin")
         if origin is not None and not allowed_origin(origin.decode("latin-1"), self.origins):
             # a browser names the page's origin: a web page must not drive a local model unless the user allowed it
             return await _error(send, 403, f"requests from origin {origin.decode('latin-1')!r} are not allowed; "
@@ -233,19 +119,7 @@ class CheckModel:
             if size > MAX_BODY:
                 return await _error(send, 413, f"the request body is over {MAX_BODY >> 20} MiB")
             more = msg.get("more_body", False)
-        body = b"".join(chunks)
-        try:
-            req = json.loads(body or b"{}")
-        except RecursionError:
-            return await _error(send, 400, "the request body nests JSON too deeply")
-        except ValueError as e:
-            return await _error(send, 400, f"the request body is not JSON ({e})")
-        if not isinstance(req, dict):
-            return await _error(send, 400, "the request body is not a JSON object")
-        try:
-            why = refused(req, scope.get("path"), self.proxy)
-        except RecursionError:   # parsed, but too deep for the checks that walk it
-            why = "the request body nests JSON too deeply"
+        why, body = await anyio.to_thread.run_sync(self.check, b"".join(chunks), scope.get("path"))
         if why:
             return await _error(send, 400, why)
 
@@ -259,7 +133,29 @@ class CheckModel:
             return await receive()
         await self.app(scope, replay, send)
 
+    def check(self, body: bytes, path: str) -> tuple[str | None, bytes]:
+        """(why the request is refused, or None; the body to pass on: re-encoded where refused() normalised it)."""
+        try:
+            req = json.loads(body or b"{}")
+        except RecursionError:
+            return "the request body nests JSON too deeply", body
+        except ValueError as e:
+            return f"the request body is not JSON ({e})", body
+        if not isinstance(req, dict):
+            return "the request body is not a JSON object", body
+        temp = req.get("temperature")
+        try:
+            why = refused(req, path, self.proxy)
+        except RecursionError:   # parsed, but too deep for the checks that walk it
+            why = "the request body nests JSON too deeply"
+        if why is None and req.get("temperature") is not temp:
+            body = json.dumps(req).encode()
+        return why, body
 
+
+# Seconds a completion may run before it is ended as at max_tokens: a grammar that makes sampling slow, or a long
+# answer, cannot hold the model (one request at a time) for ever
+REQUEST_SECONDS = 600.0
 # A request larger than this is refused before it is parsed (a whole context of text is a few MiB)
 MAX_BODY = 32 << 20
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
@@ -273,6 +169,24 @@ def allowed_origin(origin: str, allowed: tuple[str, ...]) -> bool:
     scheme, _, rest = origin.partition("://")
     host = rest.rsplit(":", 1)[0] if not rest.endswith("]") else rest
     return scheme in ("http", "https") and host in LOOPBACK
+
+
+def allowed_host(host: str, hosts: tuple[str, ...], origins: tuple[str, ...]) -> bool:
+    """A Host header the server answers: an IP address or localhost (no page can rebind those names), the name it
+    was started on (--host), or the host of an --allow-origin ('*': any)."""
+    if "*" in origins:
+        return True
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.strip("[]").lower()
+    if name in ("localhost", *hosts) or name.endswith(".localhost"):
+        return True
+    if any(name == o.partition("://")[2].rsplit(":", 1)[0].strip("[]").lower() for o in origins):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
 
 
 async def _error(send, status: int, message: str):
@@ -291,10 +205,12 @@ def check_name(name: str) -> str:
 
 
 def create_app(model: Path, *, name: str | None = None, mode: str | None = None, n_ctx: int = 4096,
-               threads: int | None = None, allow_origins: tuple[str, ...] = (), **river_kw):
+               threads: int | None = None, allow_origins: tuple[str, ...] = (), hosts: tuple[str, ...] = (),
+               request_seconds: float | None = REQUEST_SECONDS, **river_kw):
     """The OpenAI app over one river GGUF (`mode` for requests that name no mode; default exact, or
     backbone for a GGUF without a river) and its proxy. Cross-origin requests from web pages are refused
-    unless their origin is in allow_origins ('*': any)."""
+    unless their origin is in allow_origins ('*': any); a Host header is answered for IP addresses, localhost,
+    `hosts` and the allowed origins' hosts. A completion runs at most request_seconds (then ends as at max_tokens)."""
     server_app, ModelSettings, ServerSettings = _deps()
     name = check_name(name if name is not None else Path(model).name.removesuffix(".gguf"))
     llm = RiverLlama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, **river_kw)
@@ -318,7 +234,8 @@ def create_app(model: Path, *, name: str | None = None, mode: str | None = None,
 
     app.user_middleware = [m for m in app.user_middleware if m.cls is not CORSMiddleware]
     origins = tuple(check_origin(o) for o in allow_origins)
-    app.add_middleware(CheckModel, proxy=proxy, origins=origins)
+    app.add_middleware(CheckModel, proxy=proxy, origins=origins, hosts=tuple(h.lower() for h in hosts))
+    inputs.time_budget = request_seconds
     if origins:   # outermost: it answers preflights itself
         app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"])
@@ -338,9 +255,16 @@ def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, say=print, 
 
     sock = listen(host, port)   # before the model loads: a taken port fails at once
     try:
-        app, proxy = create_app(model, **kw)
+        app, proxy = create_app(model, hosts=(host,), **kw)
         say(f"serving {model} on http://{host}:{port}/v1 as {proxy.name} (default mode {proxy.default}); "
             "Ctrl-C stops")
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+        # SIGTERM or Ctrl-C: open connections get a few seconds, then the server stops even if a request still runs
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)).run(sockets=[sock])
     finally:
         sock.close()
+    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+        # a request's worker thread is still inside llama.cpp (no Python code runs there to stop it): exiting normally
+        # would wait for it, and freeing the model under it could crash; the process ends here instead
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -221,3 +221,66 @@ def test_load_and_faults(served):
         t.join(300)
     assert not errors, errors[:5]
     assert reference(port, "exact", PROMPTS["exact"]) == want["exact"]
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize("path, body, fragment", [
+    ("/v1/completions", {"prompt": "hi", "grammar": "root ::= <[60000]>"}, "<[60000]> is not a token id"),
+    ("/v1/completions", {"prompt": "hi", "grammar": 'root ::= "\\x00"'}, "NUL"),
+    ("/v1/completions", {"prompt": "hi", "grammar": "root ::= " + "(" * 30000 + '"a"' + ")" * 30000}, "deep"),
+    ("/v1/completions", {"prompt": "hi", "grammar": "root ::= " + " ".join(['"a"{0,1999}'] * 1000)}, "rules"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object", "schema": {"const": "\u0000"}}},
+     "response_format.schema: the grammar's literal holds a NUL"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object",
+                                                          "schema": {"type": "string", "maxLength": 30000}}},
+     "response_format.schema: schema.maxLength = 30000"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array", "maxItems": 30000}}}]}, "tools[0].function.parameters"),
+    ("/v1/chat/completions", {**CHAT, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "no"}}},
+     "tool_choice names the tool 'no'"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"²": 1}}, "key '²' is not a token id"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"--5": 1}}, "key '--5' is not a token id"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"\udcff": 1}, "logit_bias_type": "tokens"}, "not valid Unicode"),
+    ("/v1/embeddings", {"input": "hello"}, "embeddings are not served"),
+    ("/v1/completions", {"prompt": "word " * 400_000}, "prompt: 2000000 bytes do not fit the context of 512"),
+])
+def test_grammars_schemas_tools_and_odd_fields_are_400s_naming_the_field(served, path, body, fragment):
+    _, port = served
+    status, _, text = call(port, path, {**body, "model": "tiny:exact"})
+    assert status == 400 and fragment in json.loads(text)["error"]["message"], text[:300]
+    assert reference(port, "backbone", "still alive")
+
+
+def test_detokenize_of_part_of_a_character_is_a_400(served):
+    _, port = served
+    status, _, text = call(port, "/extras/tokenize", {"input": "日"})
+    tokens = json.loads(text)["tokens"]
+    bad = next(([t] for t in tokens if call(port, "/extras/detokenize", {"tokens": [t]})[0] == 400), None)
+    if len(tokens) > 1:   # the tiny vocabulary writes 日 in byte tokens: one alone is part of a character
+        assert bad is not None
+        assert "not whole UTF-8 characters" in call(port, "/extras/detokenize", {"tokens": bad})[2]
+    assert call(port, "/extras/detokenize", {"tokens": tokens})[0] == 200
+
+
+def test_a_temperature_float32_rounds_to_zero_is_greedy_in_every_mode(served):
+    _, port = served
+    greedy = reference(port, "backbone", "the cat")
+    for mode in ("exact", "backbone", "gated"):
+        for temp in (1e-46, 5e-324, 1e-40):
+            status, _, text = call(port, "/v1/completions", {"model": f"tiny:{mode}", "prompt": "the cat",
+                                                            "max_tokens": 24, "temperature": temp, "seed": 1})
+            assert status == 200 and json.loads(text)["choices"][0]["text"] == greedy, (mode, temp)
+
+
+def test_a_host_header_naming_another_machine_is_refused(served):
+    """DNS rebinding: a page at evil.example rebinds its name to 127.0.0.1 and reads the GET routes; its requests
+    carry Host: evil.example (and no Origin on a same-origin GET)."""
+    _, port = served
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io"):
+        status, _, text = call(port, "/v1/models", None, {"Host": host}, method="GET")
+        assert status == 403 and "host" in text, host
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "10.0.0.5"):
+        assert call(port, "/v1/models", None, {"Host": host}, method="GET")[0] == 200, host

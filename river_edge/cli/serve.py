@@ -38,6 +38,9 @@ def serve(
     allow_origin: Annotated[Optional[List[str]], typer.Option(
         "--allow-origin", callback=_origins, show_default="none: web pages on other origins are refused",
         help="Let web pages from this origin (scheme://host[:port]; '*' for any) call the server; repeatable.")] = None,
+    request_seconds: Annotated[float, typer.Option(
+        "--request-seconds", min=1,
+        help="A completion running longer ends there, as at max_tokens: no request holds the model for ever.")] = 600,
     threads: Threads = None,
     ctx: Ctx = 4096,
     cache_dir: CacheDir = None,
@@ -53,4 +56,4 @@ def serve(
         with Bars() as bars:
             path = model_path(model, bars)
     run(path, host=host, port=port, name=name, mode=mode.value if mode is not None else None, n_ctx=ctx,
-        threads=threads, allow_origins=tuple(allow_origin or ()), say=lambda msg: typer.echo(msg, err=True))
+        threads=threads, allow_origins=tuple(allow_origin or ()), request_seconds=request_seconds, say=lambda msg: typer.echo(msg, err=True))

@@ -1,14 +1,17 @@
 """Checks of what a call brings that llama.cpp would die on instead of refusing: token ids outside the vocabulary
-(std::out_of_range aborts the process) and grammars that do not parse (a NULL sampler, then a segfault). The library
+(std::out_of_range aborts the process) and grammars that do not parse (a NULL sampler, then a segfault), nest
+too deep or that no token can satisfy. The library
 (RiverLlama) and `river serve` (before a request takes the model) use these same checks."""
 from __future__ import annotations
 
 import numbers
+import time
 
 import llama_cpp
 import numpy as np
 
 from river_edge.format import RiverError
+from river_edge.runtime.grammars import gbnf_problem
 from river_edge.tokenizer import quiet_llama_logs
 
 
@@ -23,9 +26,10 @@ def check_tokens(tokens, n_vocab: int, what: str = "tokens") -> None:
 
 
 def grammar_error(llm, text: str) -> str | None:
-    """Why llama.cpp's GBNF parser refuses a grammar (its own message), or None when it parses."""
-    if not isinstance(text, str):
-        return f"a grammar is GBNF text, not {type(text).__name__}"
+    """Why a grammar is refused: past the bounds that keep llama.cpp safe (grammars.gbnf_problem, checked first and
+    without recursion), or refused by llama.cpp's GBNF parser (its own message); None when it parses."""
+    if (why := gbnf_problem(text, llm.n_vocab())) is not None:
+        return why
     with quiet_llama_logs() as log:
         s = llama_cpp.llama_sampler_init_grammar(llm._model.vocab, text.encode("utf-8"), b"root")
     if s:
@@ -40,11 +44,22 @@ def check_grammar(llm, text: str) -> None:
         raise RiverError(why)
 
 
+# Seconds a completion may run (None: no limit); `river serve` sets it. Past it the completion ends as at max_tokens.
+time_budget: float | None = None
+
+
 def token_cap(max_tokens, criteria):
     """Stopping criteria that also end a completion past max_tokens (and three tokens to finish a character):
     llama-cpp-python holds back a token that starts a multi-byte character and skips its max_tokens check while it
-    does, so a model writing such bytes without end (random ones do) ran on to the end of the context."""
-    if max_tokens is None or max_tokens <= 0:
+    does, so a model writing such bytes without end (random ones do) ran on to the end of the context. With a
+    time_budget, also past that many seconds from the call's start (checked after each token)."""
+    extra = []
+    if max_tokens is not None and max_tokens > 0:
+        count = iter(range(max_tokens + 3))
+        extra.append(lambda ids, logits: next(count, None) is None)
+    if time_budget is not None:
+        deadline = time.monotonic() + time_budget
+        extra.append(lambda ids, logits: time.monotonic() > deadline)
+    if not extra:
         return criteria
-    count = iter(range(max_tokens + 3))
-    return llama_cpp.StoppingCriteriaList([*(criteria or []), lambda ids, logits: next(count, None) is None])
+    return llama_cpp.StoppingCriteriaList([*(criteria or []), *extra])
