@@ -181,7 +181,7 @@ class RiverLlama(llama_cpp.Llama):
         below); 1, none (invariance off, flash attention over 512 cells, a device: the near-tie guard decides)."""
         if self.batch_invariant:
             return None
-        repacked = self._invariant and all(d.startswith("blk.") for d in self._departing)
+        repacked = bool(self._river) and self._invariant and all(d.startswith("blk.") for d in self._departing)
         return 3 if repacked else 1
 
     @batch_invariant.setter
