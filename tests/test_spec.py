@@ -575,7 +575,8 @@ def test_exact_over_a_quantized_backbone_is_that_files_output(tmp_path, arch, ba
     for p in PROMPTS:
         # no reset: both reuse the cached prefix alike (a cell from a 4-row batch is not a 2-row one's)
         assert _gen(ex, p) == _gen(ref, p)
-    assert ex.stats()["drafted"] > 0
+    # it drafts, unless no batch size's rows are exact on this CPU (Q4_K repacked on AVX2 departs from 2 rows)
+    assert ex.stats()["drafted"] > 0 or ex.stats()["cost_model"]["exact_batch"] == 1
 
 
 @pytest.mark.parametrize("base_type", ["q4_0", "q4_k"])

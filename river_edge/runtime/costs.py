@@ -36,6 +36,7 @@ class CostModel:
     # repacked layout's batched kernel takes over from 4 rows (larger batches are then not used: the stock runtime's
     # text, not the guard's); 1, none (a GPU, flash attention, invariance off: the guard decides)
     exact_batch: int | None = None
+    guard: bool = True   # False: rows that are not exact are never verified (a repacked layout; none exact: k = 0)
     other_s: dict = field(default_factory=dict)   # per-token cost of drafters other than the river
     _obs: dict = field(default_factory=dict)
 
@@ -80,13 +81,14 @@ class CostModel:
         """A batch of n verifies with one-token arithmetic up to rounding."""
         if n <= 1 or n >= len(self.ties):
             return True
-        if self.exact_batch is not None and self.exact_batch > 1:
+        if self.exact_batch is not None and (self.exact_batch > 1 or not self.guard):
             return n <= self.exact_batch
         return self.ties[n] / 4 <= ROUNDING   # ties carry the x4 headroom
 
     def exact_k(self, k: int) -> int:
         """A fixed k (draft_k) cut to the largest batch whose rows are exact, where some are."""
-        return min(k, self.exact_batch - 1) if self.exact_batch is not None and self.exact_batch > 1 else k
+        strict = self.exact_batch is not None and (self.exact_batch > 1 or not self.guard)
+        return min(k, self.exact_batch - 1) if strict else k
 
     def best_k(self, a: float, kmax: int, drafter: str = "river") -> int:
         c = self.curve()
@@ -97,7 +99,7 @@ class CostModel:
         return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]],
                 "verify_ms_used": [v * 1e3 for v in self.curve()[1:]],
                 "batch_deviation": [t / 4 for t in self.ties[1:]],
-                "usable_batch": [self.usable(n) for n in range(1, len(self.verify_s))],
+                "usable_batch": [self.usable(n) for n in range(1, len(self.verify_s))], "exact_batch": self.exact_batch,
                 **({"other_draft_ms": {k: v * 1e3 for k, v in self.other_s.items()}} if self.other_s else {})}
 
 
@@ -154,11 +156,14 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     # a top-2 margin within this of a tie may flip between the batch and a one-token decode: such
     # positions are settled by a one-token decode (x4 headroom over what this probe saw)
     exact = spec.llm.exact_batch
+    guard = exact is None or exact == 1   # a repacked layout (exact 3) is never guarded: its departing rows go unused
+    if exact is not None and exact > 1:   # the probe's own check: a size it saw depart is not exact after all
+        exact = next(n for n in range(min(exact, n_max), 0, -1) if not any(dev[2:n + 1]))
     if exact is not None:   # sizes past it may depart where this probe's position did not show it (flash attention
         # splits a lone row's KV only from 512 cells on; a repacked kernel's rounding need not show in every row)
         dev = [d if n <= exact else max(d, UNSEEN_ROUNDING) for n, d in enumerate(dev)]
     ties = [4.0 * d for d in dev]
-    cm = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties, exact_batch=exact)
+    cm = CostModel(draft, verify, verify[1], max(ties[1:]), ties=ties, exact_batch=exact, guard=guard)
     if n_max == n_full:   # a probe cut short by the end of the context serves its request only
         _COSTS[key] = cm
     return cm
