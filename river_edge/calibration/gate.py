@@ -15,7 +15,7 @@ import torch
 
 from ..format import RiverError
 from ..reference import Policy
-from .parallel import gated_pass
+from .parallel import gated_pass, prefilled
 from .record import entropy, kl_div
 from .rule import spearman
 from .target import Settings, Target
@@ -31,8 +31,7 @@ def online_gated(model, ref: dict, gate: float, batch: int) -> dict:
     with torch.no_grad():
         for b0 in range(0, len(items), batch):
             chunk = items[b0:b0 + batch]
-            caches = [model.new_cache(len(p) + len(t) + 1) for p, t, _ in chunk]
-            model.step([(p, c) for (p, _, _), c in zip(chunk, caches)], Policy.backbone(), per_sequence=True)
+            caches = prefilled(model, chunk, Policy.backbone())
             for (_, t, lp), c in zip(chunk, caches):
                 lg, fall, n = gated_pass(model, c, t, gate, entropy)
                 kls.append(kl_div(lp[:len(t)], lg))
@@ -51,8 +50,7 @@ def online_gated_stepwise(model, ref: dict, gate: float, batch: int) -> dict:
     with torch.no_grad():
         for b0 in range(0, len(items), batch):
             chunk = items[b0:b0 + batch]
-            caches = [model.new_cache(len(p) + len(t) + 1) for p, t, _ in chunk]
-            model.step([(p, c) for (p, _, _), c in zip(chunk, caches)], Policy.backbone(), per_sequence=True)
+            caches = prefilled(model, chunk, Policy.backbone())
             for i in range(len(chunk[0][1])):
                 st = model.step([([t[i]], c) for (_, t, _), c in zip(chunk, caches)], Policy(forced=-1),
                                 per_sequence=True)

@@ -169,3 +169,11 @@ def gated_pass(model: RiverModel, cache: Cache, tokens: Sequence[int], gate: flo
             start = int(rows[changed[0]])
     cache.n = p0 + n
     return torch.where(fall[:, None], back, river), fall, passes
+
+
+def prefilled(model: RiverModel, chunk: list, policy: Policy) -> list[Cache]:
+    """A cache per (prompt, tokens, ...) item of chunk, sized for both, with the prompts decoded under `policy`: where
+    every online check, one-pass or step by step, starts."""
+    caches = [model.new_cache(len(p) + len(t) + 1) for p, t, *_ in chunk]
+    model.step([(p, c) for (p, *_), c in zip(chunk, caches)], policy, per_sequence=True)
+    return caches

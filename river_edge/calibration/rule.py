@@ -15,7 +15,7 @@ import torch
 from .. import format as F
 from ..format import RiverError
 from ..reference import Policy, RiverModel
-from .parallel import decode_pass
+from .parallel import decode_pass, prefilled
 from .record import Trace, kl_div, record
 from .target import Settings, Target
 
@@ -107,9 +107,7 @@ def online(model: RiverModel, ref: dict, policy_for_step: Callable[[int, int], P
     items = list(ref.values())
     for b0 in range(0, len(items), batch):
         chunk = items[b0:b0 + batch]
-        caches = [model.new_cache(len(p) + len(t) + 1) for p, t, _ in chunk]
-        model.step([(p, c) for (p, _, _), c in zip(chunk, caches)], prefill or policy_for_step(-1, len(chunk)),
-                   per_sequence=True)
+        caches = prefilled(model, chunk, prefill or policy_for_step(-1, len(chunk)))
         steps = [policy_for_step(i, len(chunk)) for i in range(len(chunk[0][1]))]
         for b, ((_, t, lp), c) in enumerate(zip(chunk, caches)):
             own = [p if p.forced is None or isinstance(p.forced, int) else replace(p, forced=p.forced[b])
@@ -129,9 +127,7 @@ def online_stepwise(model: RiverModel, ref: dict, policy_for_step: Callable[[int
     items = list(ref.values())
     for b0 in range(0, len(items), batch):
         chunk = items[b0:b0 + batch]
-        caches = [model.new_cache(len(p) + len(t) + 1) for p, t, _ in chunk]
-        model.step([(p, c) for (p, _, _), c in zip(chunk, caches)], prefill or policy_for_step(-1, len(chunk)),
-                   per_sequence=True)
+        caches = prefilled(model, chunk, prefill or policy_for_step(-1, len(chunk)))
         for i in range(len(chunk[0][1])):
             st = model.step([([t[i]], c) for (_, t, _), c in zip(chunk, caches)], policy_for_step(i, len(chunk)),
                             per_sequence=True)
