@@ -32,7 +32,8 @@ def chat(
         help="Gated mode: re-decode on the backbone where the river's output entropy (nats) is at least this.")] = None,
     drafter: Annotated[Optional[str], typer.Option(
         "--drafter", show_default="river (ngram for a GGUF without a river)",
-        help="Exact mode's drafter: river, ngram (prompt lookup), ngram-cache, river+ngram, or a draft model's GGUF "
+        help="Exact mode's drafter: river, ngram (prompt lookup), ngram-cache, river+ngram, head (a trimmed LM head "
+             "drafts, the full head verifies k positions at once: greedy text), or a draft model's GGUF "
              "(same vocabulary). The output is the stock runtime's whichever drafts; any GGUF runs exact mode with "
              "a drafter that needs no river.")] = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,

@@ -35,13 +35,16 @@ _API = {
     "llama_river_decision_us": ([_c.c_void_p], _c.c_int64),
     "llama_set_batch_invariant": ([_c.c_void_p, _c.c_bool], None),   # patches/0013
     "llama_get_batch_invariant": ([_c.c_void_p], _c.c_bool),
+    "llama_head_set_rows": ([_c.c_void_p, _c.POINTER(_c.c_int32), _c.c_int32], _c.c_int32),   # patches/0017
+    "llama_head_get_n_rows": ([_c.c_void_p], _c.c_int32),
+    "llama_head_logits": ([_c.c_void_p, _c.POINTER(_c.c_float), _c.c_int32, _c.POINTER(_c.c_float)], _c.c_int32),
 }
 
 
 def _lib():
     """The river C API of the loaded llama.cpp, or None for a stock (unpatched) build."""
     lib = llama_cpp.llama_cpp._lib
-    if not hasattr(lib, "llama_set_batch_invariant"):  # the newest symbol: an older patched build counts as stock
+    if not hasattr(lib, "llama_head_logits"):  # the newest symbol: an older patched build counts as stock
         return None
     for name, (args, res) in _API.items():
         f = getattr(lib, name)

@@ -8,6 +8,7 @@ through it too. This is the one place that touches llama-cpp-python's private st
 """
 from __future__ import annotations
 
+import ctypes
 import weakref
 
 import llama_cpp
@@ -21,6 +22,7 @@ class Decoder:
         self._llm = weakref.ref(llm)   # the model owns its decoder, not the other way round
         self.n_vocab = int(llm._n_vocab)
         self.n_layer = int(llama_cpp.llama_model_n_layer(llm._model.model))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(llm._model.model))
         self.has_river = bool(getattr(llm, "has_river", False))   # a plain GGUF's graph has no exit to force
 
     @property
@@ -49,6 +51,42 @@ class Decoder:
             return self.decode(toks, pos, True)
         finally:
             llm._river.llama_set_batch_invariant(llm._ctx.ctx, False)
+
+    # -- the LM head (patches/0017: head drafting) --------------------------------------------------
+    def set_head_rows(self, ids) -> int:
+        """Every later decode's logits from these vocabulary rows of the LM head only (-inf elsewhere); empty: the
+        whole head. 0, or the runtime's error code (LLAMA_RIVER_ERR_HEAD: this head cannot be trimmed)."""
+        llm = self.llm
+        a = np.ascontiguousarray(ids, dtype=np.int32)
+        return int(llm._river.llama_head_set_rows(llm._ctx.ctx, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                                  len(a)))
+
+    def n_head_rows(self) -> int:
+        """Rows of the trimmed head now set (0: the whole head)."""
+        llm = self.llm
+        return int(llm._river.llama_head_get_n_rows(llm._ctx.ctx))
+
+    def keep_hidden(self, on: bool) -> None:
+        """Keep each decoded token's head input (the output norm's row) readable by hidden(): llama.cpp's
+        embeddings output, without pooling. Not for the prompt: with it on every prompt row is an output."""
+        llama_cpp.llama_set_embeddings(self.llm._ctx.ctx, on)
+
+    def hidden(self) -> np.ndarray:
+        """The last decoded token's head input (a copy)."""
+        llm = self.llm
+        p = llama_cpp.llama_get_embeddings_ith(llm._ctx.ctx, -1)
+        return np.array(np.ctypeslib.as_array(p, shape=(self.n_embd,)))
+
+    def head_logits(self, h: np.ndarray) -> np.ndarray:
+        """The full LM head over rows of head inputs, each row with a one-token decode's bits (patches/0017)."""
+        llm = self.llm
+        h = np.ascontiguousarray(h, dtype=np.float32)
+        out = np.empty((len(h), self.n_vocab), dtype=np.float32)
+        f = ctypes.POINTER(ctypes.c_float)
+        r = llm._river.llama_head_logits(llm._ctx.ctx, h.ctypes.data_as(f), len(h), out.ctypes.data_as(f))
+        if r != len(h):
+            raise RuntimeError(f"llama_head_logits failed ({r})")
+        return out
 
     def remove(self, p0: int) -> None:
         """Remove sequence 0's cells from position p0 on (sequence 0 only: the one generate() decodes)."""

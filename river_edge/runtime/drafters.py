@@ -28,7 +28,7 @@ from river_edge.format import RiverError
 from river_edge.runtime.decoder import Decoder
 from river_edge.tokenizer import quiet_llama_logs
 
-NAMED = ("river", "ngram", "ngram-cache", "river+ngram")
+NAMED = ("river", "ngram", "ngram-cache", "river+ngram", "head")   # head: headdraft.py, its own loop
 FREE = ("ngram", "ngram-cache")      # drafters that cost no model step
 NGRAM_MAX = 3
 class Ngram:

@@ -80,6 +80,8 @@ from river_edge.runtime.capi import runtime_is_patched
 from river_edge.runtime.costs import CostModel, cached, probe
 from river_edge.runtime.drafters import LOOKUP, Drafter, RiverDraft, resolve
 from river_edge.runtime.gated import gated
+from river_edge.runtime.headdraft import TrimmedHead, head_exact, head_rows
+from river_edge.runtime.headrank import load_or_build
 from river_edge.format import MODES, RiverError
 from river_edge.runtime.sampling import Transform, agree, margin, processed_probs, scores, top1_prob
 
@@ -151,6 +153,8 @@ class Spec:
         self._cost_model: CostModel | None = None
         self._epoch, self._streams = 0, weakref.WeakSet()   # stream ownership (owns(), below)
         self._threads_on = False
+        self._head_rows = None   # the head drafter's trimmed head (headdraft.py), made on first use
+        self.trimmed_rows: int | None = None   # its row count (None: headdraft.head_rows of the vocabulary)
         self.mode = mode if mode is not None else self._mode
 
     @property
@@ -294,6 +298,8 @@ class Spec:
         self.st.spec_off = why   # this call's: a later call that does speculate clears it
         if why:
             return self._timed(lambda me: base_generate(tokens, **kw))
+        if mode == "exact" and self.drafter_name == "head":
+            return self._timed(lambda me: self._head(list(tokens), kw, me, base_generate))
         if mode == "exact":
             return self._timed(lambda me: self._exact(list(tokens), kw, me))
         return self._timed(lambda me: gated(self, list(tokens), kw, me))
@@ -381,6 +387,21 @@ class Spec:
         random one (drawn per call, as llama.cpp's sampler is made per call in the other modes)."""
         s = self.dec.seed
         return secrets.randbits(32) if s == llama_cpp.LLAMA_DEFAULT_SEED else s
+
+    def _head(self, tokens: list[int], kw: dict, me: int, base_generate):
+        """Head drafting (headdraft.py): greedy text without logits processors or penalties; else the backbone alone,
+        and stats()["spec_off"] says why."""
+        tf = Transform(kw, self.llm.last_n_tokens_size)
+        why = ("sampling" if float(kw.get("temp", 0.8)) != 0.0 else
+               "logits processors or penalties" if tf else None)
+        self.st.spec_off = why and f"{why} (the head drafter drafts plain greedy text)"
+        if why:
+            yield from base_generate(tokens, **kw)
+            return
+        n_rows = self.trimmed_rows or head_rows(self.dec.n_vocab)
+        if self._head_rows is None or self._head_rows.n_rows != n_rows:
+            self._head_rows = TrimmedHead(self.dec, load_or_build(self.llm), n_rows)
+        yield from head_exact(self, tokens, kw, me, self._head_rows)
 
     def _exact(self, tokens: list[int], kw: dict, me: int):
         llm, st = self.llm, self.st

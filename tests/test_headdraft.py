@@ -1,0 +1,141 @@
+"""Head drafting (river_edge/runtime/headdraft.py, patches/0017-0018): a trimmed LM head drafts, the full head over
+the stored head inputs verifies. Bitwise against the stock runtime: the full head's batched rows are one-token rows,
+the trimmed head's entries are the full head's, and exact mode with the head drafter writes llama_cpp.Llama's text."""
+from __future__ import annotations
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from river_edge.gguf_tools.tiny import write_tiny_model
+from river_edge.runtime import headrank
+from river_edge.runtime.llama import RiverLlama
+
+from conftest import ARCHS
+
+PROMPTS = [[1, 5, 9, 200, 5, 9], [1, 17], [1, 42, 43, 44, 45, 46, 42, 43]]
+ERR_VALUE, ERR_SIZE = -102, -101
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Rankings go to a sidecar under the cache: a test's own, never the user's."""
+    monkeypatch.setenv("RIVER_EDGE_CACHE", str(tmp_path / "cache"))
+
+
+def _llm(path, **kw):
+    return RiverLlama(str(path), mode="exact", **{"n_ctx": 256, "seed": 0, **kw})
+
+
+def _one_token_rows(llm, toks):
+    """Each token decoded alone on the stock path (full head): its logits row and its head input."""
+    dec = llm.decoder
+    dec.remove(0)
+    dec.keep_hidden(True)
+    rows, hs = [], []
+    for i, t in enumerate(toks):
+        rows.append(np.array(dec.decode([t], i)[0]))
+        hs.append(dec.hidden())
+    dec.keep_hidden(False)
+    return np.array(rows), np.array(hs)
+
+
+@pytest.mark.parametrize("wtype", ["q8_0", "q4_0", "q4_1", "f16"])
+def test_batched_head_rows_are_one_token_rows(tiny_dir, wtype):
+    """llama_head_logits over k stored head inputs gives each row the bits a one-token decode's head gives it, for
+    every k (Q8_0 takes patch 18's four-row kernel on x86)."""
+    path = write_tiny_model(tiny_dir / f"head-{wtype}.gguf", "qwen2", wtype=wtype, tie_embeddings=True, seed=7)
+    llm = _llm(path)
+    want, hs = _one_token_rows(llm, [1, 5, 9, 200, 5, 9, 33, 7, 100, 12, 3])
+    for k in (1, 2, 3, 4, 5, 8, 11):
+        got = llm.decoder.head_logits(hs[:k])
+        assert got.tobytes() == want[:k].tobytes(), f"{wtype}: {k} rows"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trimmed_rows_are_the_full_heads_entries(arch, request):
+    base = request.getfixturevalue(f"tiny_{arch}_base")
+    llm = _llm(base)
+    dec = llm.decoder
+    full, _ = _one_token_rows(llm, PROMPTS[0])
+    ids = np.random.default_rng(0).choice(dec.n_vocab, size=dec.n_vocab // 3, replace=False).astype(np.int32)
+    assert dec.set_head_rows(ids) == 0
+    trimmed, _ = _one_token_rows(llm, PROMPTS[0])
+    assert dec.set_head_rows([]) == 0
+    assert trimmed[:, ids].tobytes() == full[:, ids].tobytes()
+    rest = np.setdiff1d(np.arange(dec.n_vocab), ids)
+    assert np.all(np.isneginf(trimmed[:, rest]))
+    again, _ = _one_token_rows(llm, PROMPTS[0])   # the whole head again
+    assert again.tobytes() == full.tobytes()
+
+
+def test_bad_rows_are_refused(tiny_qwen2_base):
+    llm = _llm(tiny_qwen2_base)
+    dec = llm.decoder
+    assert dec.set_head_rows([0, 1, dec.n_vocab]) == ERR_VALUE
+    assert dec.set_head_rows([-1]) == ERR_VALUE
+    assert dec.set_head_rows([3, 4, 3]) == ERR_VALUE
+    assert dec.set_head_rows(np.arange(dec.n_vocab + 1)) == ERR_SIZE
+    with pytest.raises(RuntimeError, match="llama_head_logits"):
+        dec.head_logits(np.zeros((0, dec.n_embd), dtype=np.float32))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("river", [False, True], ids=["plain", "river"])
+def test_head_drafting_writes_the_stock_runtimes_text(arch, river, request):
+    """Exact mode with the head drafter, over a plain GGUF and a river GGUF's backbone: llama_cpp.Llama's greedy text,
+    with a trimmed head small enough that drafts are rejected too."""
+    path = request.getfixturevalue(f"tiny_{arch}" if river else f"tiny_{arch}_base")
+    stock = llama_cpp.Llama(str(path), n_ctx=256, seed=0, verbose=False)
+    ex = _llm(path, drafter="head")
+    ex.modes.trimmed_rows = ex.decoder.n_vocab // 8
+    rng = np.random.default_rng(0)
+    ex.modes.draft_k = lambda: int(rng.integers(1, 9))   # every k, not the timed cost gate's choice
+    for p in PROMPTS:
+        want = [t for _, t in zip(range(48), stock.generate(p, temp=0.0))]
+        assert [t for _, t in zip(range(48), ex.generate(p, temp=0.0))] == want, p
+    s = ex.stats()
+    assert s["drafted"] > 0 and 0 < s["accepted"] < s["drafted"], s
+    assert ex.decoder.n_head_rows() == 0   # the trimmed head is cleared after each call
+
+
+def test_head_drafting_leaves_sampling_to_the_backbone(tiny_llama_base):
+    """The head drafter drafts greedy text only: sampled text is the stock runtime's seed for seed, and says so."""
+    stock = llama_cpp.Llama(str(tiny_llama_base), n_ctx=256, seed=5, verbose=False)
+    ex = _llm(tiny_llama_base, drafter="head", seed=5)
+    want = [t for _, t in zip(range(24), stock.generate(PROMPTS[0], temp=0.7))]
+    assert [t for _, t in zip(range(24), ex.generate(PROMPTS[0], temp=0.7))] == want
+    assert "sampling" in ex.stats()["spec_off"]
+
+
+def test_the_ranking_is_built_once_per_file_and_a_damaged_one_again(tiny_qwen2_base):
+    llm = _llm(tiny_qwen2_base)
+    r = headrank.load_or_build(llm)
+    assert sorted(r.tolist()) == list(range(llm.decoder.n_vocab))
+    side = headrank.sidecar(tiny_qwen2_base)
+    stamp = side.stat().st_mtime_ns
+    assert np.array_equal(headrank.load_or_build(llm), r) and side.stat().st_mtime_ns == stamp
+    side.write_bytes(b"not a numpy file")
+    assert np.array_equal(headrank.load_or_build(llm), r)
+    assert list(side.parent.glob("*.tmp")) == []
+
+
+def test_the_cost_gate_decodes_plainly_where_drafts_cannot_pay():
+    """S(k) = E(k, a) t_step / (k t_draft + t_head(k)): drafting only where some k beats a plain step."""
+    from river_edge.runtime.headdraft import Clock
+    c = Clock()
+    assert c.best_k(8) == 0                    # a plain step's cost first
+    c.observe("step", 0.010)
+    c.observe("step", 0.010)
+    assert c.best_k(8) == 4                    # then one cycle to measure drafts and the head
+    c.observe("draft", 0.009)
+    c.observe("head", 0.008, 4)
+    assert c.best_k(8) == 0                    # 4 x 9 + 8 ms for at most 4 tokens of 10 ms: no k pays
+    c.observe("draft", 0.004)
+    c.observe("draft", 0.004)
+    for _ in range(20):
+        c.judged(4, 0)
+    assert c.best_k(8) > 0
+    for _ in range(40):
+        c.judged(0, 1)                         # every draft rejected: plain again
+    assert c.best_k(8) == 0
