@@ -81,6 +81,7 @@ def run_model(name: str, rounds: int, n_tokens: int, threads: int) -> dict:
             res[f"{c}_x_shipped"] = {"median": m, "ci95": ci}
         res["head_stats"] = head.stats().get("head")
         out[work] = res
+        print(json.dumps({work: res}), file=sys.stderr)
         head.reset_stats()
     return out
 

@@ -214,7 +214,7 @@ class Chat:
     def reset(self) -> None:
         self.history.clear()
         self.llm.reset()  # the KV cache: the next prompt is evaluated from scratch
-        if getattr(self.llm, "has_river", False):
+        if hasattr(self.llm, "reset_stats"):   # a RiverLlama (a stock Llama has no statistics)
             self.llm.reset_stats()
         self.session = Session()
 

@@ -136,7 +136,7 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     seq = ([tok] + ctx[::-1] + [tok] * n_max)[:n_max]
 
     def verify_step(n):
-        rows = dec.verify(seq[:n], pos, spec.llm.batch_invariant)
+        rows = dec.verify(seq[:n], pos, spec.llm.verify_invariant)
         dev[n] = max(dev[n], max(float(np.abs(rows[i] - single[i]).max()) for i in range(n)))
 
     try:

@@ -141,6 +141,8 @@ def head_exact(spec, tokens: list[int], kw: dict, me: int, head: TrimmedHead):
             if k and not head.ids.size:
                 trimmed = head.apply(tokens)
                 k = k if trimmed else 0
+                if not trimmed:
+                    st.spec_off = "the LM head cannot be trimmed (a repacked or device-held head, or an output bias)"
             if k == 0:
                 # -- a plain step: the full head on this token
                 if head.ids.size:
@@ -161,6 +163,9 @@ def head_exact(spec, tokens: list[int], kw: dict, me: int, head: TrimmedHead):
                     r = dec.decode([batch[-1]], n + i)[0]
                     hs[i] = dec.hidden()
                     batch.append(int(r.argmax()))
+                    if dec.is_eog(batch[-1]):   # nothing is drafted past the end of the answer
+                        k, hs = i + 1, hs[:i + 1]
+                        break
                 clock.observe("draft", (time.perf_counter() - t0) / k)
                 # -- verify: the full head over the k positions at once
                 t0 = time.perf_counter()

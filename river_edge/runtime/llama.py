@@ -27,8 +27,7 @@ from river_edge.runtime.spec import Spec  # decoding modes (river_edge/runtime/s
 from river_edge.tokenizer import quiet_llama_logs
 
 
-def _has_river_tensors(path: Path) -> bool:
-    # Only on the stock-runtime path, to turn llama.cpp's "wrong number of tensors" into a clear message.
+def _has_river_tensors(path: Path) -> bool:   # a stock runtime: "wrong number of tensors" made clear
     return any(t.name.startswith("river.") for t in open_gguf(path).tensors)
 
 
@@ -53,11 +52,11 @@ class RiverLlama(llama_cpp.Llama):
         if _lib() is None and _has_river_tensors(path):
             raise RiverError(f"{path} is a river GGUF: it needs river-edge's patched llama-cpp-python "
                              "(run `make setup`); this one is stock")
-        if kwargs.get("rpc_servers"):
-            try:
+        try:
+            if kwargs.get("rpc_servers"):
                 connect(kwargs["rpc_servers"])
-            except ValueError as e:   # a malformed endpoint list
-                raise RiverError(str(e)) from None
+        except ValueError as e:   # a malformed endpoint list
+            raise RiverError(str(e)) from None
         return super().__new__(cls)
 
     def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
@@ -66,14 +65,12 @@ class RiverLlama(llama_cpp.Llama):
                  drafter: str | None = None, extra_bufts: bool = True, rpc_servers=None, decide: str = "sync",
                  batch_invariant: bool | None = None, **kwargs):
         path = Path(model_path)
-        self._decide = decide   # checked in __new__, before the Llama exists
-        self._invariant = True if batch_invariant is None else bool(batch_invariant)
+        self._decide, self._invariant = decide, batch_invariant is None or bool(batch_invariant)   # decide: checked in __new__
         self._extra_bufts, self._rpc_servers = bool(extra_bufts), kwargs.get("rpc_servers")
         self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
-        # A sliding-window layer's cache (Gemma 3) otherwise keeps only the window: cells that a rejected draft,
-        # or a prompt-cache cut, pushed out of it would be gone when the cache is cut back (llama.cpp's own
-        # speculative decoding needs the same). No effect on a model without sliding-window layers.
+        # A sliding-window layer's cache (Gemma 3) otherwise keeps only the window: cells a rejected draft or a prompt-
+        # cache cut pushed out would be gone when the cache is cut back (llama.cpp's speculation needs it too).
         kwargs.setdefault("swa_full", True)
 
         with quiet_llama_logs() if not kwargs["verbose"] else contextlib.nullcontext([]) as log:
@@ -98,9 +95,8 @@ class RiverLlama(llama_cpp.Llama):
         self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
 
         self.decoder = Decoder(self)   # the model as the decoding modes see it (decoder.py)
-        # the mode first (it sets the forced exit: the runtime's own default is the backbone), then the
-        # settings over it; `mode` wins over `forced_exit`. `modes`: the decoding modes' machinery, whose options
-        # (draft_k, draft_stop, draft_log, cost_model, kmax) tests and benchmarks set
+        # the mode first (it sets the forced exit), then the settings over it; `mode` wins over `forced_exit`.
+        # `modes`: the decoding modes' machinery, whose options (draft_k, cost_model, ...) tests and benchmarks set
         self.modes = Spec(self, mode, gate)
         if thresholds is not None:
             self.thresholds = thresholds
@@ -133,7 +129,7 @@ class RiverLlama(llama_cpp.Llama):
         """What wrote the cells now in the KV cache, as far as it decides later tokens: cells written under another
         contract (river K/V under a backbone mode, another rule's exits, other arithmetic) must not be reused. Backbone
         mode writes the stock runtime's cells, and so does exact mode while its verification rows are invariant."""
-        stock = ("backbone", self.modes.mode != "exact" or self.batch_invariant)
+        stock = ("backbone", self.modes.mode != "exact" or self.exact_batch != 1)
         if not self.has_river or not self.river_enabled:
             return stock
         mode = self.modes.mode
@@ -169,9 +165,15 @@ class RiverLlama(llama_cpp.Llama):
         return bool(self._river) and self._invariant and not self._departing
 
     @property
+    def verify_invariant(self) -> bool:
+        """Verification batches run on the reference kernels: as asked (the default), even where some rows depart, so
+        the rest of the graph rounds as a lone row does and batches up to exact_batch are exact."""
+        return bool(self._river) and self._invariant
+
+    @property
     def departing(self) -> list[str]:
-        """Why verification rows depart from one-token rows though batch invariance is asked for: weights in a repacked
-        layout whose batched kernel rounds otherwise (by name), flash attention over 512 cells or more, a device."""
+        """Why verification rows depart from one-token rows though invariance is asked for: weights in a repacked layout
+        whose batch kernel rounds otherwise (by name), flash attention over 512 cells or more, a device."""
         return list(self._departing)
 
     @property
@@ -181,8 +183,7 @@ class RiverLlama(llama_cpp.Llama):
         below); 1, none (invariance off, flash attention over 512 cells, a device: the near-tie guard decides)."""
         if self.batch_invariant:
             return None
-        repacked = bool(self._river) and self._invariant and all(d.startswith("blk.") for d in self._departing)
-        return 3 if repacked else 1
+        return 3 if self.verify_invariant and all(d.startswith("blk.") for d in self._departing) else 1
 
     @batch_invariant.setter
     def batch_invariant(self, on: bool) -> None:
@@ -285,8 +286,7 @@ class RiverLlama(llama_cpp.Llama):
 
     def last_logits(self) -> np.ndarray:
         """Logits of the last token decoded (a copy). Llama.scores holds them only with logits_all=True."""
-        p = llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
-        return np.ctypeslib.as_array(p, shape=(self._n_vocab,)).copy()
+        return self.decoder.last_logits()
 
     # -- controls ------------------------------------------------------------------------------
     def _need_river(self):
@@ -407,13 +407,14 @@ class RiverLlama(llama_cpp.Llama):
 
     def mean_depth(self) -> float:
         """Mean backbone layers per ubatch since the last reset (n_layer: pure backbone)."""
-        h = self.exit_histogram()
-        return F.mean_depth(h)
+        return F.mean_depth(self.exit_histogram())
 
     def decision_seconds(self) -> float:
         lib, ctx = self._need_river()
         return lib.llama_river_decision_us(ctx) * 1e-6
 
     def reset_stats(self) -> None:
-        lib, ctx = self._need_river()
-        lib.llama_river_reset_stats(ctx)
+        """The river's exit telemetry (a river GGUF) and the decoding mode's statistics."""
+        self.modes.reset_stats()
+        if self.has_river:
+            self._river.llama_river_reset_stats(self._ctx.ctx)

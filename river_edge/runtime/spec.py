@@ -495,7 +495,7 @@ class Spec:
                 dec.remove(n)
                 t0 = time.perf_counter()
                 batch = [pending] + drafts
-                rows = dec.verify(batch, n, llm.batch_invariant)
+                rows = dec.verify(batch, n, llm.verify_invariant)
                 cm.observe(len(batch), time.perf_counter() - t0)
                 if tf:   # row i: the history through batch[i], as the sampler would have it there
                     base = list(llm.input_ids[:n + 1])
