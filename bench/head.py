@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import llama_cpp
@@ -55,6 +56,37 @@ def edit_prompts(n: int = 16) -> list[str]:
             for i in range(0, 80, 80 // n)][:n]
 
 
+def head_curve(llm, ks=(1, 2, 4, 8, 12, 16), reps: int = 7) -> dict:
+    """The full head over k kept rows (llama_head_logits), median ms of `reps`, and a plain one-token step's."""
+    dec = llm.decoder
+    toks = chat_tokens(llm, CHAT[0])[:16]
+    dec.remove(0)
+    dec.keep_hidden(True)
+    hs = []
+    for i, t in enumerate(toks):
+        dec.decode([t], i)
+        hs.append(dec.hidden())
+    dec.keep_hidden(False)
+    hs = np.array((hs * 2)[:max(ks)])
+    out = {}
+    for k in ks:
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dec.head_logits(hs[:k])
+            ts.append(time.perf_counter() - t0)
+        out[k] = round(1e3 * float(np.median(ts)), 3)
+    ts = []
+    for _ in range(reps):
+        dec.remove(len(toks))
+        t0 = time.perf_counter()
+        dec.decode([toks[-1]], len(toks))
+        ts.append(time.perf_counter() - t0)
+    dec.remove(0)
+    llm.reset()
+    return {"head_ms_by_rows": out, "step_ms": round(1e3 * float(np.median(ts)), 3)}
+
+
 def run_model(name: str, rounds: int, n_tokens: int, threads: int) -> dict:
     path = str(zoo.prepare(name))
     kw = dict(n_ctx=2048, seed=0, n_threads=threads, n_threads_batch=threads)
@@ -63,7 +95,8 @@ def run_model(name: str, rounds: int, n_tokens: int, threads: int) -> dict:
     ngram = RiverLlama(path, mode="exact", drafter="ngram", **kw)
     llms = {"shipped": stock, "exact:head": head, "exact:ngram": ngram}
     timed_greedy(head, chat_tokens(head, CHAT[0]), 8)   # the ranking (built once per file) and warm-up
-    out = {"model": name, "file": Path(path).name, "host": host(threads), "n_tokens": n_tokens, "rounds": rounds,
+    curve = head_curve(head)
+    out = {"model": name, "head_cost": curve, "file": Path(path).name, "host": host(threads), "n_tokens": n_tokens, "rounds": rounds,
            "configs": list(CONFIGS), "note": "exact mode over the shipped file itself: no upcast, no river"}
     for work, texts in (("chat", CHAT), ("edit", edit_prompts())):
         prompts = [chat_tokens(head, t) for t in texts]
