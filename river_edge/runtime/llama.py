@@ -88,20 +88,15 @@ class RiverLlama(llama_cpp.Llama):
         if kwargs.get("chat_format") is None and "tokenizer.chat_template" not in self.metadata \
                 and self.metadata.get("general.architecture") == "gemma3":   # (the 270M's GGUF has no template)
             self.chat_format = "gemma"   # Gemma's turns, not llama-cpp-python's fallback (llama-2's [INST])
-        if len(self.input_ids) < self._n_ctx:
-            # llama.cpp rounds n_ctx up (to a multiple of 256) and decodes that far; llama-cpp-python sized its
-            # token and logit arrays by the request, so the last positions had nowhere to go
-            self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
-            if self._logits_all:
-                self.scores = np.zeros((self._n_ctx, self._n_vocab), dtype=np.single)
         self.n_layer = int(llama_cpp.llama_model_n_layer(self._model.model))
         self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
 
         self.decoder = Decoder(self)   # the model as the decoding modes see it (decoder.py)
+        self.decoder.fit_context()
         # the mode first (it sets the forced exit: the runtime's own default is the backbone), then the
-        # settings over it; `mode` wins over `forced_exit`. `modes`: the decoding modes' machinery, whose options
+        # settings over it; `mode` wins over `forced_exit`. `decoding`: the decoding modes' machinery, whose options
         # (draft_k, draft_stop, draft_log, cost_model, kmax) tests and benchmarks set
-        self.modes = Spec(self, mode, gate)
+        self.decoding = Spec(self, mode, gate)
         if thresholds is not None:
             self.thresholds = thresholds
         if min_exit_layer is not None:
@@ -133,14 +128,14 @@ class RiverLlama(llama_cpp.Llama):
         """What wrote the cells now in the KV cache, as far as it decides later tokens: cells written under another
         contract (river K/V under a backbone mode, another rule's exits, other arithmetic) must not be reused. Backbone
         mode writes the stock runtime's cells, and so does exact mode while its verification rows are invariant."""
-        stock = ("backbone", self.modes.mode != "exact" or self.batch_invariant)
+        stock = ("backbone", self.decoding.mode != "exact" or self.batch_invariant)
         if not self.has_river or not self.river_enabled:
             return stock
-        mode = self.modes.mode
+        mode = self.decoding.mode
         if mode in F.LOSSLESS_MODES:
             return stock
         if mode == "gated":
-            return ("gated", self.modes.gate, self.river_head)
+            return ("gated", self.decoding.gate, self.river_head)
         e = self.forced_exit
         if e is None:
             return ("rule", tuple(self.thresholds), self.min_exit_layer, self._decide)
@@ -155,8 +150,7 @@ class RiverLlama(llama_cpp.Llama):
         c = self._contract()
         if c != self._cache_contract:
             self._cache_contract = c
-            self.n_tokens = 0
-            self._ctx.kv_cache_clear()
+            self.decoder.clear()
 
     # -- batch invariance (patches/0013) ---------------------------------------------------------
     @property
@@ -192,38 +186,38 @@ class RiverLlama(llama_cpp.Llama):
     # -- decoding modes: exact, gated, river, fast, backbone (river_edge/runtime/spec.py) ---------------
     @property
     def mode(self) -> str:
-        return self.modes.mode
+        return self.decoding.mode
 
     @mode.setter
     def mode(self, m: str) -> None:
-        self.modes.mode = m
+        self.decoding.mode = m
         self._sync_cache()   # once, under the new mode: e.g. river K/V left by fast mode must not feed exact mode
 
     @property
     def gate(self) -> float:
         """The gated mode's entropy gate (nats): the backbone re-decodes a position at river entropy >= gate."""
-        return self.modes.gate
+        return self.decoding.gate
 
     @gate.setter
     def gate(self, g: float) -> None:
-        self.modes.gate = F.check_gate(g)
+        self.decoding.gate = F.check_gate(g)
         self._sync_cache()
 
     @property
     def drafter(self) -> str:
         """Who drafts in exact mode: river, ngram, river+ngram, or the path of a separate draft model."""
-        return self.modes.drafter
+        return self.decoding.drafter
 
     @drafter.setter
     def drafter(self, d) -> None:
-        self.modes.drafter = d
+        self.decoding.drafter = d
 
     def generate(self, tokens, **kw):
         check_tokens(tokens, self._n_vocab, "tokens")
         if kw.get("grammar") is not None:
             check_grammar(self, kw["grammar"]._grammar)
         self._sync_cache()
-        return self.modes.generate(tokens, super().generate, kw)
+        return self.decoding.generate(tokens, super().generate, kw)
 
     def _create_completion(self, *args, **kw):
         kw["stopping_criteria"] = token_cap(kw.get("max_tokens", 16), kw.get("stopping_criteria"))
@@ -232,7 +226,7 @@ class RiverLlama(llama_cpp.Llama):
     def end_streams(self) -> None:
         """Close the streams callers left open, now rather than whenever the garbage collector gets to them (a late
         close is harmless: a stream's cleanup touches the model only while no later call has taken it)."""
-        self.modes.end_streams()
+        self.decoding.end_streams()
 
     # A saved state (set_cache's prompt caches) carries its K/V's contract; another's is not loaded (decoded afresh)
     def save_state(self):
@@ -252,14 +246,14 @@ class RiverLlama(llama_cpp.Llama):
         return super().detokenize(tokens, *args, **kw)
 
     def close(self) -> None:
-        if getattr(self, "modes", None) is not None:
-            self.modes.close_draft()
+        if getattr(self, "decoding", None) is not None:
+            self.decoding.close_draft()
         super().close()
 
     def stats(self) -> dict:
         """Telemetry of the decoding mode since it was set: tokens, tok/s, acceptance rate, mean draft
         length and cost model (exact), fallback rate (gated); the latest call's first-to-last-token seconds."""
-        return self.modes.stats()
+        return self.decoding.stats()
 
     @property
     def extra_bufts(self) -> bool:
@@ -348,12 +342,9 @@ class RiverLlama(llama_cpp.Llama):
     def force_exit(self, e: int | None) -> None:
         """Set the forced exit for the next decodes and keep the KV cache as it is: for measurements that
         mix writers on purpose (teacher-forced random exits, a gated fallback). The `forced_exit` setter
-        drops cells written under another exit instead."""
-        lib, ctx = self._need_river()
-        e = F.check_forced_exit(e, self.n_layer)
-        rule = F.EXIT_LAGGED if self._decide == "lagged" else F.EXIT_RULE
-        if lib.llama_river_set_forced_exit(ctx, rule if e is None else e) != 0:
-            raise RiverError(f"llama.cpp refused forced exit layer {e}")
+        drops cells written under another exit instead. Checked once, by the decoder."""
+        self._need_river()
+        self.decoder.force_exit(e)
 
     @property
     def decide(self) -> str:
