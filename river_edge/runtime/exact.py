@@ -97,6 +97,8 @@ class ExactCall:
         self.unsure = 0.0
 
     def run(self, tokens: list[int], me: int):
+        """The prompt on the backbone and its first token, then cycles until the context is full, a stopping
+        criterion stops the call or the caller closes it (`me`: the call's claim on the model, Spec.owns)."""
         spec, dec = self.spec, self.dec
         row = dec.prefill(tokens, self.reset)
         n, n_ctx = dec.n_tokens, dec.n_ctx
@@ -119,19 +121,8 @@ class ExactCall:
                 self.accept(c)
                 self.settle(c)
                 self.keep(c)
-                for i, tok in enumerate(c.out):
-                    # stopped at tok (a stopping criterion, or the caller closing us): the cache keeps the tokens
-                    # before it, as backbone decoding leaves it, not accepted drafts nobody saw
-                    if self.stop is not None and self.stop(dec.history(n + i + 1), c.rows[i]):
-                        dec.cut(n + 1 + i)
-                        return
-                    self.gen.append(tok)
-                    try:
-                        yield tok
-                    except GeneratorExit:
-                        if spec.owns(me):
-                            dec.cut(n + 1 + i)
-                        raise
+                if (yield from self.emit(c, me)):
+                    return
                 self.drafter.accept(c.out)
                 pending, n = c.out[-1], c.end
         finally:
@@ -233,6 +224,24 @@ class ExactCall:
         # with it (it is emitted as the backbone's own token); the rest go unjudged
         c.judged = min(tie + 1, len(c.drafts))
         c.agreed = tie + (tie < len(c.drafts) and c.out[-1] == c.drafts[tie])
+
+    def emit(self, c: Cycle, me: int):
+        """Yield the cycle's tokens; True where a stopping criterion stopped the call. Stopped at a token (by a
+        criterion, or the caller closing us), the cache keeps the tokens before it, as backbone decoding leaves it,
+        not accepted drafts nobody saw."""
+        dec = self.dec
+        for i, tok in enumerate(c.out):
+            if self.stop is not None and self.stop(dec.history(c.pos + i + 1), c.rows[i]):
+                dec.cut(c.pos + 1 + i)
+                return True
+            self.gen.append(tok)
+            try:
+                yield tok
+            except GeneratorExit:
+                if self.spec.owns(me):
+                    dec.cut(c.pos + 1 + i)
+                raise
+        return False
 
     def keep(self, c: Cycle) -> None:
         """The backbone's cells of pending and the drafts that stand are kept, the rest dropped; the cycle counted."""
