@@ -18,18 +18,13 @@ from jinja2 import TemplateError
 
 from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
-from river_edge.gguf_tools.reader import open_gguf
-from river_edge.runtime.capi import _lib, batch_departing, exit_histogram_of, model_params, tensor_buft
+from river_edge.runtime.capi import (_lib, batch_departing, exit_histogram_of, has_river_tensors, model_params,
+                                    offloaded_to_device, tensor_buft)
 from river_edge.runtime.decoder import Decoder
 from river_edge.runtime.inputs import check_grammar, check_tokens, token_cap
 from river_edge.runtime.rpc import connect
 from river_edge.runtime.spec import Spec  # decoding modes (river_edge/runtime/spec.py)
 from river_edge.tokenizer import quiet_llama_logs
-
-
-def _has_river_tensors(path: Path) -> bool:
-    # Only on the stock-runtime path, to turn llama.cpp's "wrong number of tensors" into a clear message.
-    return any(t.name.startswith("river.") for t in open_gguf(path).tensors)
 
 
 class RiverLlama(llama_cpp.Llama):
@@ -50,7 +45,7 @@ class RiverLlama(llama_cpp.Llama):
         F.check_count(kwargs.get("n_ctx", 512), "n_ctx", 0, F.MAX_CTX)   # 0: the model's training context
         for k in [k for k in ("n_threads", "n_threads_batch") if kwargs.get(k) is not None]:
             F.check_count(kwargs[k], k, 1, F.MAX_THREADS)
-        if _lib() is None and _has_river_tensors(path):
+        if _lib() is None and has_river_tensors(path):
             raise RiverError(f"{path} is a river GGUF: it needs river-edge's patched llama-cpp-python "
                              "(run `make setup`); this one is stock")
         if kwargs.get("rpc_servers"):
@@ -109,13 +104,7 @@ class RiverLlama(llama_cpp.Llama):
             self.river_head = False
         if drafter is not None:
             self.drafter = drafter
-        # what batch invariance cannot cover: weights repacked where it does not hold; layers on a GPU or rpc-server
-        self._departing = batch_departing(self, path) if self._river else []
-        if self._river and kwargs.get("n_gpu_layers") and self.offloaded:
-            self._departing.append("layers offloaded to a device")
-        if self.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED and self.n_ctx() >= 512:
-            # ggml's one-token flash attention splits the KV across threads from 512 cells on; a batch's rows never do
-            self._departing.append("flash attention over 512 cells or more")
+        self._departing = batch_departing(self, path, kwargs.get("n_gpu_layers"))
         self._cache_contract = self._contract()
         if kwargs.get("n_gpu_layers") and self.offloaded is False:
             # llama.cpp keeps every layer on the host without a word when no device can take them
@@ -272,15 +261,11 @@ class RiverLlama(llama_cpp.Llama):
     def offloaded(self) -> bool | None:
         """Whether the last backbone layer sits on a device (a GPU or an rpc-server): n_gpu_layers offloads the
         last layers first, so False means nothing was offloaded. None on a stock runtime (it cannot tell)."""
-        if _lib() is None:
-            return None
-        buft = next(filter(None, (self.tensor_buft(f"blk.{self.n_layer - 1}.{w}.weight") for w in F.LAYER_WEIGHTS)), None)
-        return buft is not None and not (buft.startswith("CPU") or buft == "AMX" or buft.endswith("_Host"))
+        return offloaded_to_device(self)
 
     def last_logits(self) -> np.ndarray:
         """Logits of the last token decoded (a copy). Llama.scores holds them only with logits_all=True."""
-        p = llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
-        return np.ctypeslib.as_array(p, shape=(self._n_vocab,)).copy()
+        return self.decoder.last_logits()
 
     # -- controls ------------------------------------------------------------------------------
     def _need_river(self):

@@ -66,7 +66,7 @@ class Stats:
     river_steps: int = 0          # gated: positions decoded by the river first (the prompt's token is not one)
     k_sum: int = 0
     spec_off: str | None = None
-    # the latest generate() call: tokens, and the wall clock at its first and last token (river_edge.chat.Meter
+    # the latest generate() call: tokens, and the wall clock at its first and last token (river_edge.meter.Meter
     # times every mode from the first token to the last, as its logits processor does where it can run)
     call_tokens: int = 0
     call_first: float = 0.0
