@@ -226,13 +226,13 @@ PRIVATE = r"\._(?:ctx|model|batch|river|n_vocab|n_ctx|input_ids|requires_eval|se
 
 
 def test_the_decoding_modes_and_the_tests_reach_the_model_through_its_decoder():
-    """The decoding modes (spec, gated, costs, drafters) touch no private attribute of a model: decoder.py is their
-    seam. Tests drive the modes through it and `llm.decoding`' declared options; one test swaps in a context of two
-    sequences (the model's own holds one), and says so."""
+    """The decoding modes (spec, exact, gated, costs, drafters) touch no private attribute of a model: decoder.py is
+    their seam. Tests drive the modes through it and `llm.decoding`' declared options; one test swaps in a context of
+    two sequences (the model's own holds one), and says so."""
     import re
 
     pat = re.compile(PRIVATE)
-    modes = [ROOT / "river_edge" / "runtime" / f"{m}.py" for m in ("spec", "gated", "costs", "drafters")]
+    modes = [ROOT / "river_edge" / "runtime" / f"{m}.py" for m in ("spec", "exact", "gated", "costs", "drafters")]
     assert {f.name: pat.findall(f.read_text()) for f in modes} == {f.name: [] for f in modes}
     found = {f.name: len(pat.findall(f.read_text())) for f in (ROOT / "tests").glob("test_*.py")
              if f.name != "test_structure.py"}

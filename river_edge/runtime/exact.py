@@ -82,7 +82,7 @@ class ExactCall:
     """One generate() call of exact mode on a Spec (the mode's options, stats and cost model)."""
 
     def __init__(self, spec, kw: dict):
-        self.spec, self.dec, self.drafter = spec, spec.dec, spec.draft
+        self.spec, self.dec, self.drafter = spec, spec.dec, spec.active_drafter
         temp = float(kw.get("temp", 0.8))
         self.greedy = temp == 0.0
         self.sp = dict(temp=temp, top_k=int(kw.get("top_k", 40)), top_p=float(kw.get("top_p", 0.95)),

@@ -100,8 +100,10 @@ class Spec:
         self.st = Stats(mode=self._mode)
         # per draft source: decayed [accepted, rejected] counts, the running acceptance the cost model reads
         self.acceptance_counts: dict[str, list[float]] = {}
-        # a plain GGUF drafts by prompt lookup (no model step: nothing of the river is needed)
-        self.drafter_name, self.draft, self.draft_model = resolve("river" if llm.has_river else "ngram", llm) + (None,)
+        # who drafts in exact mode: a name in DRAFTERS or "model", the Drafter itself, and the separate draft model if
+        # any. A plain GGUF drafts by prompt lookup (no model step: nothing of the river is needed)
+        self.drafter_name, self.active_drafter = resolve("river" if llm.has_river else "ngram", llm)
+        self.draft_model = None
         self.zero_run = 0   # cycles since the cost model last chose to draft (exact.py)
         # draft exactly this many per cycle instead of the cost model's k (or a callable drawing k per cycle:
         # tests sweep k with it, as bench/levers.py fixes it)
@@ -158,7 +160,7 @@ class Spec:
         dm = draft if name == "model" else None
         if dm is not self.draft_model:
             self.close_draft()
-        self.drafter_name, self.draft, self.draft_model = name, draft, dm
+        self.drafter_name, self.active_drafter, self.draft_model = name, draft, dm
         self._owns_draft = dm is not None and dm is not d   # loaded here from a path: closed here
 
     def close_draft(self) -> None:
@@ -173,7 +175,7 @@ class Spec:
 
     @property
     def acceptance(self) -> float:
-        return self.acceptance_of(self.draft.source)
+        return self.acceptance_of(self.active_drafter.source)
 
     def count(self, c: Cycle) -> None:
         """An exact-mode cycle into the stats, the draft log and its drafter's running acceptance."""
