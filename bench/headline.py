@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from river_edge.measure.records import GEMMA, PLAIN, QWEN, QWEN15, SMOL, dash, host_line, load, load_modes, other_hosts
+from river_edge.measure.records import GEMMA, PLAIN_CONFIGS, QWEN, QWEN15, SMOL, dash, host_line, load, load_modes, other_hosts
 
 
 def paired_ratio(m: dict, c: str, ref: str) -> float | None:
@@ -23,7 +23,7 @@ HEADLINE_MODELS = ((SMOL, SMOL, F16), (GEMMA, GEMMA, F16), (QWEN, QWEN, F16), (f
                    (f"{QWEN15}-keep", f"{QWEN15}, shipped weights + river", "backbone (the shipped weights)"))
 
 
-HEADLINE_CONFIGS = ("backbone", "exact", "exact:river+ngram", "exact:draft", *PLAIN.split(","))
+HEADLINE_CONFIGS = ("backbone", "exact", "exact:river+ngram", "exact:draft", *PLAIN_CONFIGS.split(","))
 
 
 def headline(out: Path) -> list[str]:

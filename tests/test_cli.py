@@ -100,9 +100,9 @@ def test_doctor(runner, tiny_llama):
 
 
 def test_cli_choices_follow_the_library():
-    from river_edge.gguf_tools.convert import MODES
+    from river_edge.gguf_tools.convert import CONVERSIONS
 
-    assert {m.value for m in CC.ConvertTo} == set(MODES)
+    assert {m.value for m in CC.ConvertTo} == set(CONVERSIONS)
     assert [m.value for m in CB.RiverType] == list(F.RIVER_TYPES)
     assert CB.DEFAULT_KL == D.DEFAULT_TARGET.value and D.DEFAULT_TARGET.kind == "kl"
     import inspect
@@ -363,7 +363,7 @@ def test_models_prepare(runner, monkeypatch, tmp_path):
 
     def fake_prepare(name, progress=None):
         calls.append((name, str(zoo.cache_dir())))
-        progress(f"{name}: downloading")
+        progress(f"{name}: downloading", 0, 0)
         return zoo.model_path(name)
     monkeypatch.setattr(zoo, "prepare", fake_prepare)
     r = run(runner, "models", "prepare", "smollm2-135m", "gemma3-270m", "smollm2-135m", "--cache-dir", tmp_path / "c")
@@ -541,7 +541,7 @@ def test_progress_without_a_terminal_is_plain_lines():
     with Bars(Console(file=buf, force_terminal=False)) as bars:
         bars.say("downloading")
         for i in range(3):
-            bars.tensors("building")(i + 1, 3, f"t{i}")
+            bars.tensors("building")(f"t{i}", i + 1, 3)
         bars("loading the model", 0, 1)
         bars("recording", 2, 10)
         bars("done", 10, 10)

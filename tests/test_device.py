@@ -121,7 +121,7 @@ def test_exact_is_the_backbone(case):
     path, gpu = case
     ref = river(path, gpu, mode="backbone", logits_all=False)
     ex = river(path, gpu, mode="exact", logits_all=False)   # logits_all asks for logprobs: no speculation
-    ex.modes.draft_k = 3   # drafts every cycle whatever the cost model says (on lavapipe it says k = 0)
+    ex.decoding.draft_k = 3   # drafts every cycle whatever the cost model says (on lavapipe it says k = 0)
     want = [t for _, t in zip(range(32), ref.generate(PROMPT, temp=0.0))]
     g = ex.generate(PROMPT, temp=0.0)
     got = [next(g) for _ in range(32)]

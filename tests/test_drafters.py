@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from river_edge.runtime.costs import CostModel
-from river_edge.runtime.drafters import Ngram, NgramCache
+from river_edge.runtime.drafters import ModelDrafter, Ngram, NgramCache
 from river_edge.format import RiverError
 from river_edge.gguf_tools.convert import plain
 from river_edge.runtime.llama import RiverLlama
@@ -30,17 +30,24 @@ def model(request):
     return request.getfixturevalue(request.param)
 
 
+def _lookup(cls, tokens, **kw):
+    g = cls(**kw)
+    g.begin(tokens)   # a generate() call's prompt
+    return g
+
+
 def test_ngram_index_finds_the_latest_longest_match():
-    g = Ngram([1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 2, 3])
+    g = _lookup(Ngram, [1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 2, 3])
     assert g.propose(3) == [7, 8, 4]        # "2 3" last continued by 7 (the 3-gram "4 2 3" is new)
-    g.extend([7])
+    g.accept([7])
     assert g.propose(2) == [8, 4]            # "2 3 7" seen once
-    assert Ngram([5, 6]).propose(4) == []    # nothing repeats
-    assert Ngram([4, 4]).propose(3) == [4]   # a continuation stops at the context's end
+    assert g.offer(2).cap == 2 and g.offer(2).free
+    assert _lookup(Ngram, [5, 6]).propose(4) == []    # nothing repeats
+    assert _lookup(Ngram, [4, 4]).propose(3) == [4]   # a continuation stops at the context's end
 
 
 def test_ngram_cache_chains_the_most_frequent_continuation():
-    g = NgramCache([7, 1, 2, 7, 1, 3, 7, 1, 2, 9], n_max=2)
+    g = _lookup(NgramCache, [7, 1, 2, 7, 1, 3, 7, 1, 2, 9], n_max=2)
     # after "9" nothing is known; after "... 7 1" the cache says 2 (twice) over 3 (once)
     assert g.propose(3) == []
     g.extend([7, 1])
@@ -52,7 +59,7 @@ def test_ngram_cache_chains_the_most_frequent_continuation():
 @pytest.mark.parametrize("drafter", ["ngram", "ngram-cache", "river+ngram"])
 def test_ngram_drafters_are_exact_and_draft(model, drafter):
     ref, ex = _llm(model, "backbone"), _llm(model, "exact", drafter=drafter)
-    ex.modes.draft_k = 4     # the cost model's choice depends on this machine's timings; proposals are capped by it
+    ex.decoding.draft_k = 4     # the cost model's choice depends on this machine's timings; proposals are capped by it
     for p in PROMPTS:
         assert _gen(ex, p) == _gen(ref, p)
     by = ex.stats()["by_drafter"]
@@ -69,7 +76,7 @@ def test_draft_model_is_exact_and_its_own_backbone_is_always_accepted(model, tmp
     other = plain(model, tmp_path / "river.gguf", "river")           # a different model, same vocabulary
     for path, all_kept in ((same, True), (other, False)):
         ex = _llm(model, "exact", drafter=str(path))
-        ex.modes.draft_k = 3
+        ex.decoding.draft_k = 3
         for p in PROMPTS:
             assert _gen(ex, p) == _gen(ref, p)
         s = ex.stats()["by_drafter"][f"model:{path}"]
@@ -86,7 +93,7 @@ def test_exact_mode_on_a_plain_gguf(tiny_qwen2_base, drafter):
     stock = llama_cpp.Llama(str(tiny_qwen2_base), n_ctx=256, seed=0, verbose=False)
     ex = _llm(tiny_qwen2_base, "exact")
     ex.drafter = str(tiny_qwen2_base) if drafter == "draft" else drafter   # its own weights as a draft model
-    ex.modes.draft_k = 3
+    ex.decoding.draft_k = 3
     assert not ex.has_river and ex.drafter in (drafter, str(tiny_qwen2_base))
     for p in ([1, 5, 9, 200, 5, 9, 200, 5, 9], [1, 17], [1, 42, 43, 44, 45, 42, 43, 44]):
         want = [t for _, t in zip(range(40), stock.generate(p, temp=0.0))]
@@ -120,27 +127,28 @@ def test_free_drafts_choose_longer_k():
 
 
 def test_a_drafter_of_ones_own_drafts_through_the_one_loop(tiny_llama):
-    """The Drafter protocol (source, begin, step, end): an object of one's own drafts in exact mode, charged and
-    counted under its own name, and the text is the backbone's whatever it proposes (here always token 5)."""
-    class Constant:
+    """The Drafter protocol (drafters.py: begin, offer, draft, accept), here through ModelDrafter (a model drafting a
+    token at a time: prepare, step, done): an object of one's own drafts in exact mode, charged and counted under its
+    own name, and the text is the backbone's whatever it proposes (here always token 5)."""
+    class Constant(ModelDrafter):
         source = "constant"
 
         def __init__(self, n_vocab):
             self.row, self.steps, self.cycles = np.zeros(n_vocab, np.float32), 0, 0
             self.row[5] = 1.0
 
-        def begin(self, context):
+        def prepare(self, ctx):
             self.cycles += 1
 
         def step(self, tok, pos):
             self.steps += 1
             return self.row
 
-        def end(self):
+        def done(self):
             pass
     ex = _llm(tiny_llama, "exact")
     ex.drafter = d = Constant(ex.n_vocab())
-    ex.modes.draft_k = 3
+    ex.decoding.draft_k = 3
     assert _gen(ex, PROMPTS[0], 40) == _gen(_llm(tiny_llama, "backbone"), PROMPTS[0], 40)
     by = ex.stats()["by_drafter"]
     assert ex.drafter == "constant" and set(by) == {"constant"} and by["constant"]["drafted"] == d.steps > 0
@@ -157,8 +165,8 @@ def test_no_probing_where_no_acceptance_could_pay(tiny_llama):
     for draft_s, probes in ((10.0, False), (5e-5, True)):
         ex = _llm(tiny_llama, "exact")
         cm = CostModel(draft_s=draft_s, verify_s=list(verify), ties=[0.0] * 10)
-        ex.modes.cost_model = cm
-        ex.modes.acceptance_counts["river"] = [0.0, 50.0]        # a river that was never right: k = 0 at its acceptance
+        ex.decoding.cost_model = cm
+        ex.decoding.acceptance_counts["river"] = [0.0, 50.0]        # a river that was never right: k = 0 at its acceptance
         assert _gen(ex, PROMPTS[0], 60) == _gen(_llm(tiny_llama, "backbone"), PROMPTS[0], 60)
         assert (ex.stats()["drafted"] > 0) == probes
 
@@ -197,11 +205,11 @@ def test_drafting_stops_after_an_unsure_draft(tiny_llama):
     for stop in (1.01, None):
         ex = _llm(tiny_llama, "exact")
         cm = CostModel(draft_s=5e-5, verify_s=[0] + [1e-4] * 9, ties=[0.0] * 10)   # drafting pays: k = 8
-        ex.modes.cost_model = cm
-        ex.modes.acceptance_counts["river"] = [50.0, 0.0]
-        ex.modes.draft_stop, ex.modes.draft_log = stop, []
+        ex.decoding.cost_model = cm
+        ex.decoding.acceptance_counts["river"] = [50.0, 0.0]
+        ex.decoding.draft_stop, ex.decoding.draft_log = stop, []
         assert _gen(ex, PROMPTS[0], 60) == want
-        lens[stop] = [len(conf) for conf, _, _ in ex.modes.draft_log]
+        lens[stop] = [len(conf) for conf, _, _ in ex.decoding.draft_log]
     assert {n for n in lens[1.01] if n} == {1}          # cycles at k = 0 (the acceptance fell) log no draft
     assert max(lens[None]) > 1
 
@@ -213,15 +221,15 @@ def test_cost_models_are_per_loading_and_a_probe_cut_by_the_context_is_not_kept(
     from river_edge.runtime import costs
 
     a, b = _llm(tiny_llama, "exact", flash_attn=False), _llm(tiny_llama, "exact", flash_attn=True)
-    assert a.modes.key() != b.modes.key()
+    assert a.decoding.key() != b.decoding.key()
     costs._COSTS.clear()
     n_ctx = a.n_ctx()
     a.create_completion([1] + [(i * 7) % 250 + 3 for i in range(n_ctx - 4)], max_tokens=3, temperature=0)
-    assert costs.cached(a.modes.key()) is None          # measured only 3 positions deep: not kept
+    assert costs.cached(a.decoding.key()) is None          # measured only 3 positions deep: not kept
     a.create_completion("hello world", max_tokens=4, temperature=0)
-    cm = costs.cached(a.modes.key())
-    assert cm is not None and len(cm.verify_s) == a.modes.kmax + 2
-    assert costs.cached(b.modes.key()) is None          # not shared with the flash-attention loading
+    cm = costs.cached(a.decoding.key())
+    assert cm is not None and len(cm.verify_s) == a.decoding.kmax + 2
+    assert costs.cached(b.decoding.key()) is None          # not shared with the flash-attention loading
 
 
 def test_a_river_llama_is_freed_with_its_last_reference(tiny_llama, tiny_llama_base):
@@ -240,7 +248,7 @@ def test_a_river_llama_is_freed_with_its_last_reference(tiny_llama, tiny_llama_b
     finally:
         gc.enable()
     m = _llm(tiny_llama, "exact", drafter=str(tiny_llama_base))
-    dm = m.modes.draft_model
+    dm = m.decoding.draft_model
     assert dm is not None and dm.llm._stack._exit_callbacks
     m.close()
-    assert m.modes.draft_model is None and not dm.llm._stack._exit_callbacks
+    assert m.decoding.draft_model is None and not dm.llm._stack._exit_callbacks

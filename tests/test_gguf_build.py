@@ -333,7 +333,7 @@ def test_bad_input(case, fragment, tiny_llama_base, tiny_llama, tmp_path):
 
 def test_progress_is_reported(tiny_qwen2_base, tmp_path):
     seen = []
-    build_river(tiny_qwen2_base, tmp_path / "r.gguf", progress=lambda done, total, name: seen.append((done, total, name)))
+    build_river(tiny_qwen2_base, tmp_path / "r.gguf", progress=lambda name, done, total: seen.append((done, total, name)))
     assert [d for d, _, _ in seen] == list(range(len(seen))) and seen[-1][1] == len(seen) - 1
     assert seen[-1][2] == F.RIVER_HEAD and seen[-2][2] == "river.blk.3.ffn_down.weight"
 

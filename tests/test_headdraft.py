@@ -88,9 +88,9 @@ def test_head_drafting_writes_the_stock_runtimes_text(arch, river, request):
     path = request.getfixturevalue(f"tiny_{arch}" if river else f"tiny_{arch}_base")
     stock = llama_cpp.Llama(str(path), n_ctx=256, seed=0, verbose=False)
     ex = _llm(path, drafter="head")
-    ex.modes.trimmed_rows = ex.decoder.n_vocab // 8
+    ex.decoding.active_drafter.n_rows = ex.decoder.n_vocab // 8
     rng = np.random.default_rng(0)
-    ex.modes.draft_k = lambda: int(rng.integers(1, 9))   # every k, not the timed cost gate's choice
+    ex.decoding.draft_k = lambda: int(rng.integers(1, 9))   # every k, not the timed cost gate's choice
     for p in PROMPTS:
         want = [t for _, t in zip(range(48), stock.generate(p, temp=0.0))]
         assert [t for _, t in zip(range(48), ex.generate(p, temp=0.0))] == want, p

@@ -121,7 +121,7 @@ def test_exact_is_the_stock_runtime_over_512_tokens_with_random_k(request, fixtu
     ref = llama_cpp.Llama(str(path), n_ctx=1024, n_threads=2, verbose=False)
     ex = RiverLlama(str(path), mode="exact", n_ctx=1024, n_threads=2)
     r = np.random.default_rng(4)
-    ex.modes.draft_k = lambda: int(r.integers(0, 9))
+    ex.decoding.draft_k = lambda: int(r.integers(0, 9))
     prompt = [1, 5, 9, 200, 17]
     want = [t for _, t in zip(range(512), ref.generate(prompt, temp=0.0))]
     got = [t for _, t in zip(range(512), ex.generate(prompt, temp=0.0))]

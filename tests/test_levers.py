@@ -46,12 +46,12 @@ def test_iid_rate_and_skip_order():
 def test_draft_log_matches_the_statistics(tiny_llama):
     ref = RiverLlama(str(tiny_llama), mode="backbone", n_ctx=256, seed=0)
     ex = RiverLlama(str(tiny_llama), mode="exact", n_ctx=256, seed=0)
-    ex.modes.draft_k, ex.modes.draft_log = 3, []
+    ex.decoding.draft_k, ex.decoding.draft_log = 3, []
     prompt = [1, 5, 9, 200]
     want = [t for _, t in zip(range(40), ref.generate(prompt, temp=0.0))]
     got = [t for _, t in zip(range(40), ex.generate(prompt, temp=0.0))]
     assert got == want                                # logging does not change what exact mode writes
-    log, s = ex.modes.draft_log, ex.stats()
+    log, s = ex.decoding.draft_log, ex.stats()
     assert len(log) == s["cycles"] > 0
     assert sum(j for _, j, _ in log) == s["drafted"] and sum(a for _, _, a in log) == s["accepted"]
     for conf, j, a in log:

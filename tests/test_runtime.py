@@ -622,7 +622,7 @@ def test_changing_controls_between_decodes(river_path):
 def test_exact_is_the_backbone(river_path):
     ref = river(river_path, mode="backbone", logits_all=False)
     ex = river(river_path, mode="exact", logits_all=False)
-    ex.modes.draft_k = 3       # drafts to verify whatever the tiny model's costs say
+    ex.decoding.draft_k = 3       # drafts to verify whatever the tiny model's costs say
     for p in (PROMPT, PROMPT[:3]):
         want = [t for _, t in zip(range(40), ref.generate(p, temp=0.0))]
         assert [t for _, t in zip(range(40), ex.generate(p, temp=0.0))] == want

@@ -17,8 +17,8 @@ openai = pytest.importorskip("openai")
 capi = pytest.importorskip("river_edge.runtime.capi")
 pytestmark = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
-MODES = ("exact", "backbone", "gated", "river", "fast")
-PROMPTS = {m: f"the {m} river runs past the mill and" for m in MODES}
+SERVED_MODES = ("exact", "backbone", "gated", "river", "fast")
+PROMPTS = {m: f"the {m} river runs past the mill and" for m in SERVED_MODES}
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_requests_that_killed_the_server_are_400s(served, path, body, fragment):
 def test_malformed_fields_are_400s_naming_the_field_in_every_mode(served, raw, fragment):
     _, port = served
     answers = set()
-    for mode in MODES:
+    for mode in SERVED_MODES:
         body = raw.replace(b"{", b'{"model": "tiny:%s", ' % mode.encode(), 1) if not raw.startswith(b'{"prompt": [[') \
             else raw
         status, _, text = call(port, "/v1/completions", body)
@@ -182,8 +182,8 @@ def test_load_and_faults(served):
     """Bounded load: 4 clients x 12 requests, good ones in every mode mixed with streams they abandon and requests
     that are refused. Every good request completes with its mode's text; the server lives through it all."""
     _, port = served
-    want = {m: reference(port, m, PROMPTS[m]) for m in MODES}
-    want_streamed = {m: streamed_text(port, m, PROMPTS[m])[0] for m in MODES}
+    want = {m: reference(port, m, PROMPTS[m]) for m in SERVED_MODES}
+    want_streamed = {m: streamed_text(port, m, PROMPTS[m])[0] for m in SERVED_MODES}
     bad = [("/extras/detokenize", {"tokens": [-5]}), ("/v1/completions", {"prompt": "hi", "grammar": "root ::= ("}),
            ("/v1/completions", {"prompt": "hi", "top_p": float("nan")}), ("/v1/completions", {"prompt": ""})]
     errors: list = []
@@ -195,7 +195,7 @@ def test_load_and_faults(served):
             if time.monotonic() > deadline:
                 errors.append((seed, i, "out of time"))
                 return
-            m, kind = rng.choice(MODES), rng.choice(("good", "stream", "abandon", "bad"))
+            m, kind = rng.choice(SERVED_MODES), rng.choice(("good", "stream", "abandon", "bad"))
             try:
                 if kind == "good":
                     got = reference(port, m, PROMPTS[m])

@@ -34,7 +34,7 @@ def model(request):
 @pytest.mark.parametrize("k", [None, 1, 3, 8])
 def test_exact_greedy_equals_backbone_low_level(model, k):
     ref, ex = _llm(model, "backbone"), _llm(model, "exact")
-    ex.modes.draft_k = k
+    ex.decoding.draft_k = k
     for p in PROMPTS:
         assert _gen(ex, p) == _gen(ref, p)
     s = ex.stats()
@@ -52,7 +52,7 @@ def test_exact_and_backbone_write_the_stock_runtimes_text(model, drafter):
 
     stock = llama_cpp.Llama(str(model), n_ctx=256, seed=0, verbose=False)
     bb, ex = _llm(model, "backbone"), _llm(model, "exact", drafter=drafter)
-    ex.modes.draft_k = 4
+    ex.decoding.draft_k = 4
     for p in PROMPTS + [[1, 5, 9, 200, 5, 9, 200, 5, 9]]:
         want = _gen(stock, p)
         assert _gen(bb, p) == want and _gen(ex, p) == want, p
@@ -61,7 +61,7 @@ def test_exact_and_backbone_write_the_stock_runtimes_text(model, drafter):
 
 def test_exact_equals_backbone_completion_chat_stream(model):
     ref, ex = _llm(model, "backbone"), _llm(model, "exact")
-    ex.modes.draft_k = 3
+    ex.decoding.draft_k = 3
     for text in ["hello world", "a b c d", "the"]:
         a = ref.create_completion(text, max_tokens=N, temperature=0)
         b = ex.create_completion(text, max_tokens=N, temperature=0)
@@ -95,7 +95,7 @@ def test_exact_leaves_the_backbone_cache(model):
 
     def cont(mode, fixed_k=None, prefill=False):
         llm = _llm(model, mode)
-        llm.modes.draft_k = fixed_k
+        llm.decoding.draft_k = fixed_k
         if prefill:
             llm.eval(seq[:-1])
         else:
@@ -209,7 +209,7 @@ def test_exact_greedy_with_penalties_is_speculated_and_exact(model, pen):
     """Chat front-ends send repeat_penalty 1.1: exact mode applies the penalties row by row inside the
     speculative loop (it used to fall back to plain backbone decoding)."""
     ref, ex = _llm(model, "backbone", last_n_tokens_size=LAST_N), _llm(model, "exact", last_n_tokens_size=LAST_N)
-    ex.modes.draft_k = 3       # drafts to verify whatever the tiny model's costs say
+    ex.decoding.draft_k = 3       # drafts to verify whatever the tiny model's costs say
     changed = 0
     for p in PROMPTS[:3]:
         want = _gen(ref, p, n=96, **pen)
@@ -225,7 +225,7 @@ def test_exact_greedy_with_penalties_is_speculated_and_exact(model, pen):
 def test_a_negative_penalty_window_is_off_as_in_llama_cpp(model):
     """llama.cpp takes last_n_tokens_size < 0 as 0: no penalties. Exact mode did penalise every generated token."""
     ref, ex = _llm(model, "backbone", last_n_tokens_size=-1), _llm(model, "exact", last_n_tokens_size=-1)
-    ex.modes.draft_k = 3
+    ex.decoding.draft_k = 3
     pen = dict(repeat_penalty=1.5, frequency_penalty=0.5)
     for p in PROMPTS[:2]:
         want = _gen(ref, p, **pen)
@@ -239,7 +239,7 @@ def test_a_stopped_exact_run_leaves_what_backbone_mode_leaves(model):
     from llama_cpp import StoppingCriteriaList
 
     ref, ex = _llm(model, "backbone"), _llm(model, "exact")
-    ex.modes.draft_k = 8
+    ex.decoding.draft_k = 8
     for n in (2, 3, 5):
         for stop in (None, StoppingCriteriaList([lambda ids, logits, n=n: len(ids) >= 2 + 2 * n])):
             a = ref.create_completion("hello world", max_tokens=2 * n if stop else n, temperature=0,
@@ -253,7 +253,7 @@ def test_a_stopped_exact_run_leaves_what_backbone_mode_leaves(model):
 
 def test_exact_with_logit_bias_is_exact(model):
     ref, ex = _llm(model, "backbone"), _llm(model, "exact")
-    ex.modes.draft_k = 3       # drafts to verify whatever the tiny model's costs say
+    ex.decoding.draft_k = 3       # drafts to verify whatever the tiny model's costs say
     bias = {"100": 4.0, "101": -100.0, "65": 2.5}
     for text in ("the cat", "hello world"):
         a = ref.create_completion(text, max_tokens=32, temperature=0, logit_bias=bias)
@@ -278,7 +278,7 @@ def test_exact_sampling_distribution(tiny_qwen2, k, sampler, pen):
     from river_edge.runtime.sampling import Transform
 
     ref, ex = _llm(tiny_qwen2, "backbone"), _llm(tiny_qwen2, "exact")
-    ex.modes.draft_k = k
+    ex.decoding.draft_k = k
     p = PROMPTS[3]
     tf = Transform(pen, 64)
 
@@ -351,7 +351,7 @@ def test_seeded_exact_sampling_does_not_depend_on_the_draft_lengths(tiny_qwen2):
     r = np.random.default_rng(0)
     texts = []
     for k in (0, 1, 3, lambda: int(r.integers(0, 6))):
-        ex.modes.draft_k = k
+        ex.decoding.draft_k = k
         texts.append(ex.create_completion("hello world", max_tokens=40, temperature=0.9, top_k=20, seed=7)
                      ["choices"][0]["text"])
     assert len(set(texts)) == 1 and texts[0]
@@ -370,7 +370,7 @@ def test_exact_512_tokens_smollm2():
     # k drawn at random per cycle: this text has a near-tie at token 290 (backbone logits 26.6130 vs 26.6105)
     # that a verification batch's rounding used to flip; near-ties are now decoded alone
     rng = np.random.default_rng(0)
-    ex.modes.draft_k = lambda: int(rng.integers(0, 9))
+    ex.decoding.draft_k = lambda: int(rng.integers(0, 9))
     a = _gen(ref, p, n=512)
     b = _gen(ex, p, n=512)
     assert a == b
@@ -434,7 +434,7 @@ def test_a_prompt_cache_state_of_another_mode_is_not_reused(model):
         llm.mode = "fast"
         lossy = llm.create_completion(p, max_tokens=20, temperature=0)["choices"][0]["text"]
         llm.mode = mode
-        llm.modes.draft_k = 3
+        llm.decoding.draft_k = 3
         assert llm.create_completion(p + " again", max_tokens=20, temperature=0)["choices"][0]["text"] == want, mode
     llm.mode = "fast"   # a state of its own contract is still loaded
     assert llm.create_completion(p, max_tokens=20, temperature=0)["choices"][0]["text"] == lossy
@@ -452,7 +452,7 @@ def test_backbone_after_an_exact_run_cut_after_a_draft_is_exact(model):
         llm.mode = "backbone"
         _gen(llm, [1, 2, 3], n=2)          # a decode through llama-cpp-python's own path
         llm.mode = "exact"
-        llm.modes.draft_k = 4
+        llm.decoding.draft_k = 4
         out = _gen(llm, p, n=cut)
         assert out == full[:cut] and llm.n_tokens == len(p) + cut - 1, cut
         llm.mode = "backbone"
@@ -462,7 +462,7 @@ def test_backbone_after_an_exact_run_cut_after_a_draft_is_exact(model):
 def test_seeded_sampling_in_exact_mode_repeats(model):
     """The same seed, the same text, request after request (as llama.cpp's sampler gives in the other modes)."""
     llm = _llm(model, "exact")
-    llm.modes.draft_k = 3
+    llm.decoding.draft_k = 3
     outs = [llm.create_completion("hello world", max_tokens=24, temperature=1.0, seed=42)["choices"][0]["text"]
             for _ in range(3)]
     assert outs[1] == outs[0] and outs[2] == outs[0] and llm.stats()["drafted"] > 0
@@ -513,7 +513,7 @@ def test_exact_greedy_does_not_depend_on_k(model):
     """k drawn at random every cycle (0..8): the greedy output is the backbone's, 256 tokens."""
     rng = np.random.default_rng(0)
     ref, ex = _llm(model, "backbone", n_ctx=512), _llm(model, "exact", n_ctx=512)
-    ex.modes.draft_k = lambda: int(rng.integers(0, 9))
+    ex.decoding.draft_k = lambda: int(rng.integers(0, 9))
     for p in PROMPTS[:2]:
         assert _gen(ex, p, n=256) == _gen(ref, p, n=256)
     assert ex.stats()["cycles"] > 0
@@ -571,7 +571,7 @@ def test_exact_over_a_quantized_backbone_is_that_files_output(tmp_path, arch, ba
     ref_path = base if backbone == "keep" else plain(rv, tmp_path / "backbone.gguf", "backbone")
     ref = llama_cpp.Llama(str(ref_path), n_ctx=256, seed=0, verbose=False)       # stock code, the plain file
     ex = _llm(rv, "exact")
-    ex.modes.draft_k = 3
+    ex.decoding.draft_k = 3
     for p in PROMPTS:
         # no reset: both reuse the cached prefix alike (a cell from a 4-row batch is not a 2-row one's)
         assert _gen(ex, p) == _gen(ref, p)

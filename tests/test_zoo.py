@@ -79,7 +79,7 @@ def test_resolve_existing_path(tmp_path):
 def test_prepare_assembles_parts_in_order(fake):
     assert not zoo.is_prepared("toy")
     msgs = []
-    path = zoo.prepare("toy", progress=msgs.append)
+    path = zoo.prepare("toy", progress=lambda what, done, total: msgs.append(what))
     assert path.read_bytes() == fake["blob"]
     assert fake["calls"] == ["toy-part1", "toy-part2"]
     assert zoo.is_prepared("toy") and msgs

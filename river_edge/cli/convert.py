@@ -12,7 +12,7 @@ from river_edge.gguf_tools.convert import plain
 from .app import CacheDir, base_for, command, in_cache
 from .progress import Bars
 
-# gguf_tools.convert.MODES (not imported here: it loads numpy and gguf; a test pins the two equal)
+# gguf_tools.convert.CONVERSIONS (not imported here: it loads numpy and gguf; a test pins the two equal)
 ConvertTo = Enum("ConvertTo", {t: t for t in ("backbone", "river", "f16", *F.RIVER_TYPES)}, type=str)
 
 

@@ -67,7 +67,7 @@ def models_prepare(
         paths = []
         with Bars() as bars:
             for name in dict.fromkeys(names):
-                paths.append(zoo.prepare(name, bars.say))
+                paths.append(zoo.prepare(name, bars))
         for name, path in zip(dict.fromkeys(names), paths):
             note = "" if zoo.MODELS[name].supported else "  (unsupported architecture: no river for it)"
             typer.echo(f"{name}: {path}{note}")

@@ -91,5 +91,5 @@ class Bars:
         self._note = self.progress.add_task(message, total=None)
 
     def tensors(self, label: str):
-        """An adapter for gguf_tools' writers: progress(done, total, tensor name)."""
-        return lambda done, total, what: self(label, done, total)
+        """gguf_tools' writers report each tensor by name: one bar under `label` instead."""
+        return lambda what, done, total: self(label, done, total)

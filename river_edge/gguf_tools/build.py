@@ -13,10 +13,11 @@ from gguf.quants import dequantize
 import river_edge
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.progress import Progress
 
 from . import quant
 from .reader import ggml_shape, n_dims, open_gguf, value
-from .writer import Progress, Tensor, arch_of, check_dst, copy, kv_of, write
+from .writer import Tensor, arch_of, check_dst, copy, kv_of, write
 
 _INT = {T.I8, T.I16, T.I32, T.I64, T.F64}
 
@@ -218,7 +219,7 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
         kv.insert(0, ("general.file_type", int(ft), V.UINT32, None))
     out = backbone_tensors + river_tensors
     if progress:
-        progress(0, len(out), "sha256 of the source")  # seconds on a 1 GB model: say so
+        progress("sha256 of the source", 0, len(out))  # seconds on a 1 GB model: say so
     kv += _river_kv(river, types, backbone, sha256_file(src), im_sha)
     write(dst, arch, kv, out, progress)
     return dst

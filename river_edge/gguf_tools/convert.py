@@ -15,14 +15,15 @@ from gguf import GGMLQuantizationType as T, GGUFValueType as V
 
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.progress import Progress
 
 from . import quant
 from .build import to_f32
-from .writer import Progress, Tensor, arch_of, check_dst, kv_of, write
+from .writer import Tensor, arch_of, check_dst, kv_of, write
 from .reader import ggml_shape, n_dims, open_gguf
 
 # bf16 is a type of the tiny test models (tests/test_invariance.py), not a conversion target
-MODES = ("backbone", "river", *(t for t in quant.TYPES if t != "bf16"))
+CONVERSIONS = ("backbone", "river", *(t for t in quant.TYPES if t != "bf16"))
 
 
 def _requant(t, qt: T) -> Tensor:
@@ -37,8 +38,8 @@ def plain(src: str | Path, dst: str | Path, mode: str, progress: Progress | None
           marks: dict[str, str] | None = None) -> Path:
     src, dst = Path(src), Path(dst)
     mode = mode.lower()
-    if mode not in MODES:
-        raise RiverError(f"unknown conversion {mode!r}: use one of {', '.join(MODES)}")
+    if mode not in CONVERSIONS:
+        raise RiverError(f"unknown conversion {mode!r}: use one of {', '.join(CONVERSIONS)}")
     check_dst(src, dst, same_ok=False)
     r = open_gguf(src)
     arch, _ = arch_of(r, src)

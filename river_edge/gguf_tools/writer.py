@@ -17,10 +17,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType as V
 
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.progress import Progress   # (tensor name, done, total): after each tensor written
 
 from .reader import ggml_shape, open_gguf, raw_value, value
 
-Progress = Callable[[int, int, str], None]  # (done, total, what): after each tensor written, and (0, total, ...) first
 DROP = object()   # copy(): drop this key or tensor
 
 
@@ -195,7 +195,7 @@ def _write_gguf(tmp: Path, arch: str, kv: list[tuple], tensors: list[Tensor], pr
             raise RiverError(f"tensor {t.name}: {data.nbytes} bytes of data for {t.nbytes} expected")
         w.write_tensor_data(data)
         if progress:
-            progress(i + 1, len(tensors), t.name)
+            progress(t.name, i + 1, len(tensors))
     w.close()
 
 

@@ -22,10 +22,6 @@ backbone depth (exit histogram of the decode ubatches), the share of decode time
 (the runtime's own decision timer), and peak memory (VmHWM of a fresh subprocess per configuration
 after loading and decoding 16 tokens; llama.cpp maps the file with MAP_POPULATE, so a loaded model counts
 whole).
-
-The forced-exit sweep is drawn against the ideal line per token, t(e) = t_allriver + (e+1)/L *
-(t_backbone - t_allriver): backbone layer time x layers run on the backbone + river layer time x layers
-run on the river + head, with the layer times from the backbone and all-river runs (the head cancels).
 """
 from __future__ import annotations
 
@@ -279,7 +275,9 @@ def _summarize(river_path, files, notes, cfgs, dec, pf, mem, meta) -> dict:
             row["memory"] = mem[c.name]
         rows[c.name] = row
 
-    # the sweep against the ideal line; per token, paired sample by sample
+    # the sweep against the ideal line per token, paired sample by sample: t(e) = t_allriver + (e+1)/L * (t_backbone -
+    # t_allriver), backbone layer time x layers run on the backbone + river layer time x layers run on the river +
+    # head, with the layer times from the backbone and all-river runs (the head cancels)
     sweep = []
     ar, bbd = dec["all-river"], dec["backbone"]
     t_ar, t_bb = rows["all-river"]["decode_ms_per_token"], rows["backbone"]["decode_ms_per_token"]

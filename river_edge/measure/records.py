@@ -10,7 +10,7 @@ from river_edge.format import RiverError
 from river_edge.gguf_tools.writer import replacing_together
 
 SMOL, QWEN, QWEN15, GEMMA = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m"
-PLAIN = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
+PLAIN_CONFIGS = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
 
 
 def load(out: Path, name: str) -> dict | None:

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F   # as in its siblings (llama.py, gemma3.py): torch's, not river_edge.format
 from gguf import GGMLQuantizationType
 
-from river_edge import format as F
-from river_edge.format import RiverError
+from river_edge.format import LAYER_WEIGHTS, RIVER_HEAD, RiverError, backbone_tensor, head_source, river_tensor
 from . import gemma3, llama, mistral3, qwen2, qwen3
 from .ggml_numerics import round_f16
 from .weights import Args, read_gguf
@@ -69,15 +69,15 @@ class RiverModel:
         t = {n: replace(w, type=GGMLQuantizationType.F32) if n in unrounded else w for n, w in t.items()}
         a, self.emulate = self.args, emulate
         Block = BLOCKS[a.arch]
-        backbone = lambda i: {n: t[F.backbone_tensor(i, n)] for n in F.LAYER_WEIGHTS}
+        backbone = lambda i: {n: t[backbone_tensor(i, n)] for n in LAYER_WEIGHTS}
         self.backbone = [Block(a, t, i, backbone(i), emulate) for i in range(a.n_layer)]
-        self.has_river = F.river_tensor(0, "attn_q") in t
-        self.river = [Block(a, t, i, {n: t[F.river_tensor(i, n)] for n in F.LAYER_WEIGHTS}, emulate)
+        self.has_river = river_tensor(0, "attn_q") in t
+        self.river = [Block(a, t, i, {n: t[river_tensor(i, n)] for n in LAYER_WEIGHTS}, emulate)
                       for i in range(a.n_layer)] if self.has_river else None
         self.tok_embd = t["token_embd.weight"].w
         self.out_norm = t["output_norm.weight"].w
-        self.head = llama.Linear(t[F.head_source(t)], None, emulate)
-        self.river_head = llama.Linear(t[F.RIVER_HEAD], None, emulate) if F.RIVER_HEAD in t else None
+        self.head = llama.Linear(t[head_source(t)], None, emulate)
+        self.river_head = llama.Linear(t[RIVER_HEAD], None, emulate) if RIVER_HEAD in t else None
 
     def new_cache(self, max_len: int = 512) -> Cache:
         return Cache(self.args, max_len)
@@ -168,7 +168,7 @@ class RiverModel:
                 block = (self.river if on_river else self.backbone)[il]
                 out = block(h[idx], pos[idx], self._attend(il, local))
                 if not on_river:
-                    sims[idx, il] = torch.nn.functional.cosine_similarity(h[idx], out, dim=-1)
+                    sims[idx, il] = F.cosine_similarity(h[idx], out, dim=-1)
                 h[idx] = out
             if keep_hidden:
                 hidden.append(h.clone())

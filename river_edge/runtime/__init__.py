@@ -1,6 +1,6 @@
 """The runtime: RiverLlama over the patched llama.cpp (llama.py; the C API bound in capi.py), its decoding modes
-(spec.py; gated.py) over the model's decoder (decoder.py), exact mode's drafters and cost model (drafters.py,
-costs.py), sampling (sampling.py), and layers on other hosts' rpc-servers (rpc.py)."""
+(spec.py; exact.py, gated.py) over the model's decoder (decoder.py), exact mode's drafters and cost model
+(drafters.py, costs.py), sampling (sampling.py), and layers on other hosts' rpc-servers (rpc.py)."""
 
 
 def __getattr__(name):

@@ -10,6 +10,7 @@ import platform
 import llama_cpp
 import numpy as np
 
+from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.gguf_tools.reader import open_gguf
 
@@ -102,12 +103,36 @@ def invariant_repack() -> set[str]:
     return ok
 
 
-def batch_departing(llm: llama_cpp.Llama, path) -> list[str]:
-    """Backbone weights whose buffer type computes a batch's rows with other kernels than one row's, even under
-    batch invariance (patches/0013): RiverLlama.batch_invariant is False while there are any."""
-    ok = invariant_repack()
-    return [t.name for t in open_gguf(path).tensors if t.name.startswith("blk.") and t.tensor_type.name not in ok
-            and tensor_buft(llm, t.name) == "CPU_REPACK"]
+def has_river_tensors(path) -> bool:
+    """Whether the GGUF holds river tensors, read from the file alone (a stock runtime cannot load it: RiverLlama
+    says why instead of llama.cpp's "wrong number of tensors"; `river eval` chooses its configurations)."""
+    return any(t.name.startswith("river.") for t in open_gguf(path).tensors)
+
+
+def offloaded_to_device(llm: llama_cpp.Llama) -> bool | None:
+    """Whether the last backbone layer sits on a device (RiverLlama.offloaded); None on a stock runtime."""
+    if _lib() is None:
+        return None
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    buft = next(filter(None, (tensor_buft(llm, f"blk.{n_layer - 1}.{w}.weight") for w in F.LAYER_WEIGHTS)), None)
+    return buft is not None and not (buft.startswith("CPU") or buft == "AMX" or buft.endswith("_Host"))
+
+
+def batch_departing(llm: llama_cpp.Llama, path, n_gpu_layers: int | None) -> list[str]:
+    """Why verification rows depart from one-token rows even under batch invariance (patches/0013), so that
+    RiverLlama.batch_invariant is False while there are any: backbone weights whose buffer type computes a batch's
+    rows with other kernels than one row's (by name); layers on a GPU or rpc-server; flash attention over 512 cells."""
+    out = []
+    if _lib() is not None:
+        ok = invariant_repack()
+        out = [t.name for t in open_gguf(path).tensors if t.name.startswith("blk.") and t.tensor_type.name not in ok
+               and tensor_buft(llm, t.name) == "CPU_REPACK"]
+        if n_gpu_layers and offloaded_to_device(llm):
+            out.append("layers offloaded to a device")
+    if llm.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED and llm.n_ctx() >= 512:
+        # ggml's one-token flash attention splits the KV across threads from 512 cells on; a batch's rows never do
+        out.append("flash attention over 512 cells or more")
+    return out
 
 
 def exit_histogram_of(lib, ctx, n_layer: int) -> np.ndarray:

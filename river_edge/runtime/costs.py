@@ -1,4 +1,4 @@
-"""What a draft and a verification cost: the cost model exact mode chooses k by (river_edge/runtime/spec.py), and the
+"""What a draft and a verification cost: the cost model exact mode chooses k by (river_edge/runtime/exact.py), and the
 start-up probe that measures it once per process and model.
 
 k = argmax over usable batch sizes of E(k) / (k draft + verify(k + 1)), E(k) = (1 - a^(k+1)) / (1 - a), from the
@@ -16,7 +16,7 @@ import numpy as np
 
 from river_edge.runtime.drafters import FREE
 
-_COSTS: dict[tuple, "CostModel"] = {}   # per process: Spec._key() (file, how it is loaded, head) -> costs
+_COSTS: dict[tuple, "CostModel"] = {}   # per process: Spec.key() (file, how it is loaded, head) -> costs
 # a verification batch whose logits depart from one-token decoding by more than this (in logits) is not
 # chosen: its near-ties (within 4x the departure) would be settled by one-token decodes so often that it cannot pay
 ROUNDING = 0.1
@@ -107,14 +107,13 @@ def cached(key: tuple) -> CostModel | None:
     return _COSTS.get(key)
 
 
-def probe(spec, tok: int, pos: int) -> CostModel:
-    """Measured once per process: a river step and backbone batches of 1..kmax+1 at positions pos.. of
-    spec's model (removed afterwards), and how far each batch's rows depart from one-token decodes. Restores
-    the forced exit to the backbone."""
-    key, dec = spec.key(), spec.dec
-    L = spec.llm.n_layer
-    n_full = min(spec.kmax + 1, spec.llm.n_batch)
-    n_max = min(n_full, spec.llm.n_ctx() - pos)
+def probe(dec, tok: int, pos: int, kmax: int, key: tuple, exact_batch: int | None) -> CostModel:
+    """Measured once per process (kept under `key`): a river step and backbone batches of 1..kmax+1 at positions
+    pos.. of the decoder's model (removed afterwards), and how far each batch's rows depart from one-token decodes.
+    `exact_batch`: RiverLlama.exact_batch. Restores the forced exit to the backbone."""
+    L = dec.n_layer
+    n_full = min(kmax + 1, dec.n_batch)
+    n_max = min(n_full, dec.n_ctx - pos)
 
     def t(fn, reps):
         out = []
@@ -132,16 +131,16 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     dev = [0.0] * (n_max + 1)
 
     # distinct tokens, as a real draft has (a batch of one token repeated can hide the difference)
-    ctx = [int(x) for x in spec.llm.input_ids[max(0, pos - n_max + 1):pos]]
+    ctx = [int(x) for x in dec.history(pos)[max(0, pos - n_max + 1):]]
     seq = ([tok] + ctx[::-1] + [tok] * n_max)[:n_max]
 
     def verify_step(n):
-        rows = dec.verify(seq[:n], pos, spec.llm.verify_invariant)
+        rows = dec.verify(seq[:n], pos)
         dev[n] = max(dev[n], max(float(np.abs(rows[i] - single[i]).max()) for i in range(n)))
 
     try:
         draft = 0.0
-        if spec.llm.has_river:   # a river step (a plain GGUF has none; its drafters cost their own)
+        if dec.has_river:   # a river step (a plain GGUF has none; its drafters cost their own)
             dec.force_exit(-1)
             draft = t(lambda: dec.decode([tok], pos).argmax(), 4)
             dec.force_exit(L - 1)
@@ -155,7 +154,7 @@ def probe(spec, tok: int, pos: int) -> CostModel:
     verify = [float(v) for v in np.maximum.accumulate(verify)]   # a bigger batch never costs less: noise
     # a top-2 margin within this of a tie may flip between the batch and a one-token decode: such
     # positions are settled by a one-token decode (x4 headroom over what this probe saw)
-    exact = spec.llm.exact_batch
+    exact = exact_batch
     guard = exact is None or exact == 1   # a repacked layout (exact 3) is never guarded: its departing rows go unused
     if exact is not None and exact > 1:   # the probe's own check: a size it saw depart is not exact after all
         exact = next(n for n in range(min(exact, n_max), 0, -1) if not any(dev[2:n + 1]))

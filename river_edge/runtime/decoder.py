@@ -1,10 +1,12 @@
-"""The model as the decoding modes see it (spec.py, gated.py, costs.py, a draft model): one sequence of cells.
+"""The model as the decoding modes see it (spec.py, exact.py, gated.py, costs.py, a draft model): one sequence of
+cells and the tokens they hold.
 
-Decode tokens at a position and read their logits, remove cells from a position on, force the river's exit for
-the next decodes, and switch the decode threads; plus the few things of llama-cpp-python's Llama that its own
-generate() shares with the modes (the sampler, the seed, whether the context's logits are stale). RiverLlama holds
-one (`llm.decoder`), a draft model another; the modes reach the model only through it, and tests drive them
-through it too. This is the one place that touches llama-cpp-python's private state.
+Decode tokens at a position and read their logits, remove scratch cells from a position on, keep or cut the
+sequence (`accept`, `cut`: the tokens and their cells move together), force the river's exit for the next decodes,
+and switch the decode threads; plus the few things of llama-cpp-python's Llama that its own generate() shares with
+the modes (the sampler, the seed, whether the context's logits are stale). RiverLlama holds one (`llm.decoder`), a
+draft model another; the modes reach the model only through it, and tests drive them through it too. This is the
+one place that touches llama-cpp-python's private state, and the one that writes `n_tokens` and `input_ids`.
 """
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ import weakref
 
 import llama_cpp
 import numpy as np
+
+from river_edge import format as F
+from river_edge.format import RiverError
 
 
 class Decoder:
@@ -29,6 +34,16 @@ class Decoder:
     def llm(self):
         return self._llm()
 
+    def fit_context(self) -> None:
+        """Token (and logits_all) arrays as long as the context llama.cpp made: it rounds n_ctx up (to a multiple of
+        256) and decodes that far, while llama-cpp-python sized its arrays by the request, so the last positions had
+        nowhere to go."""
+        llm = self.llm
+        if len(llm.input_ids) < llm._n_ctx:
+            llm.input_ids = np.zeros(llm._n_ctx, dtype=np.intc)
+            if llm._logits_all:
+                llm.scores = np.zeros((llm._n_ctx, self.n_vocab), dtype=np.single)
+
     # -- cells -----------------------------------------------------------------------------------
     def decode(self, toks, pos: int, all_logits: bool = False) -> np.ndarray:
         """Decode toks at positions pos.. of sequence 0; their logits rows (all of them, else the last one's) as
@@ -39,10 +54,25 @@ class Decoder:
         n = len(toks) if all_logits else 1
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n, self.n_vocab))
 
-    def verify(self, toks, pos: int, invariant: bool) -> np.ndarray:
-        """Decode a verification batch at positions pos..: every row's logits (a view). `invariant`: this batch alone
-        runs on ggml's reference kernels (patches/0013), so each row gets the bits of decoding it alone; the prompt
-        and one-token steps keep the stock kernels."""
+    @property
+    def n_ctx(self) -> int:
+        return self.llm.n_ctx()
+
+    @property
+    def n_batch(self) -> int:
+        return self.llm.n_batch
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Verification batches run on ggml's reference kernels (RiverLlama.verify_invariant; a stock model: no)."""
+        return bool(getattr(self.llm, "verify_invariant", False))
+
+    def verify(self, toks, pos: int, invariant: bool | None = None) -> np.ndarray:
+        """Decode a verification batch at positions pos..: every row's logits (a view). `invariant` (by default the
+        model's `batch_invariant`): this batch alone runs on ggml's reference kernels (patches/0013), so each row gets
+        the bits of decoding it alone; the prompt and one-token steps keep the stock kernels."""
+        if invariant is None:
+            invariant = self.batch_invariant
         if not invariant:
             return self.decode(toks, pos, True)
         llm = self.llm
@@ -89,15 +119,76 @@ class Decoder:
         return out
 
     def remove(self, p0: int) -> None:
-        """Remove sequence 0's cells from position p0 on (sequence 0 only: the one generate() decodes)."""
+        """Remove sequence 0's cells from position p0 on (sequence 0 only: the one generate() decodes): scratch
+        cells past the kept tokens (drafts, a batch being settled); `cut` moves the kept tokens too."""
         self.llm._ctx.kv_cache_seq_rm(0, p0, -1)
 
-    def force_exit(self, e: int) -> None:
-        """The exit for the next decodes (-1: all river; n_layer - 1: the backbone), the KV cache kept as it is.
-        Unchecked (the modes pass -1 and n_layer - 1): RiverLlama.force_exit checks a caller's."""
-        if self.has_river:
-            llm = self.llm
-            llm._river.llama_river_set_forced_exit(llm._ctx.ctx, e)
+    # -- the kept sequence: tokens and cells together ------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        return self.llm.n_tokens
+
+    def history(self, n: int | None = None) -> np.ndarray:
+        """The first n kept tokens (all of them by default), as a view: llama-cpp-python's `_input_ids`."""
+        llm = self.llm
+        return llm.input_ids[:llm.n_tokens if n is None else n]
+
+    def accept(self, tokens, at: int) -> None:
+        """The tokens decoded at positions at.. are kept: the context holds them, and no cell past them."""
+        llm, end = self.llm, at + len(tokens)
+        llm.input_ids[at:end] = tokens
+        llm.n_tokens = end
+        self.remove(end)
+
+    def cut(self, n: int) -> None:
+        """Keep the first n tokens and their cells alone."""
+        self.llm.n_tokens = n
+        self.remove(n)
+
+    def clear(self) -> None:
+        """No tokens, and no cells in any sequence (the cache's contract changed: RiverLlama._sync_cache)."""
+        self.llm.n_tokens = 0
+        self.llm._ctx.kv_cache_clear()
+
+    def prefill(self, tokens: list[int], reset: bool) -> np.ndarray:
+        """Evaluate the prompt on the backbone exactly as backbone mode (Llama.generate) does: the cached prefix
+        reused up to the last prompt token, the rest by Llama.eval's n_batch chunks (each chunk's last logits). On
+        sequence 0 alone: eval clears every sequence's cells past n_tokens. Returns the logits of the last prompt
+        position (a copy); n_tokens is then the first free position."""
+        llm = self.llm
+        self.logits_stale()   # the context's last logits will be whichever row a mode decoded last
+        keep = 0
+        if reset and llm.n_tokens > 0:
+            for a, b in zip(self.history(), tokens[:-1]):
+                if a != b:
+                    break
+                keep += 1
+        elif not reset:
+            keep = llm.n_tokens
+            tokens = list(self.history()) + tokens
+        if len(tokens) > llm.n_ctx():
+            raise RiverError(f"prompt of {len(tokens)} tokens does not fit the context of {llm.n_ctx()}")
+        self.cut(keep)
+        self.force_exit(self.n_layer - 1)
+        rest = tokens[keep:]
+        for i in range(0, len(rest), llm.n_batch):
+            chunk = rest[i:i + llm.n_batch]
+            row = self.decode(chunk, llm.n_tokens)[0]
+            self.accept(chunk, llm.n_tokens)
+        return np.array(row)
+
+    # -- the river's exit ---------------------------------------------------------------------------
+    def force_exit(self, e: int | None) -> None:
+        """The exit for the next decodes (None: the rule, as `decide` says; -1: all river; n_layer - 1: the backbone),
+        the KV cache kept as it is: the one check of a forced exit (RiverLlama's `force_exit` and `forced_exit` come
+        here). A model without a river has no exit to force."""
+        if not self.has_river:
+            return
+        llm = self.llm
+        e = F.check_forced_exit(e, self.n_layer)
+        rule = F.EXIT_LAGGED if getattr(llm, "_decide", "sync") == "lagged" else F.EXIT_RULE
+        if llm._river.llama_river_set_forced_exit(llm._ctx.ctx, rule if e is None else e) != 0:
+            raise RiverError(f"llama.cpp refused forced exit layer {e}")
 
     def stored_gate(self) -> float:
         """river.gate_entropy as the loader read it (NaN: none; a bad key was refused at load)."""

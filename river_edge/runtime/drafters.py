@@ -1,6 +1,6 @@
-"""Who drafts for exact mode, and what a draft costs.
+"""Who drafts for exact mode: one protocol (Drafter), one table of named drafters (DRAFTERS).
 
-Exact mode's loop (river_edge/runtime/spec.py) is one loop for every drafter: draft k tokens, verify k + 1 on the
+Exact mode's loop (river_edge/runtime/exact.py) is one loop for every drafter: draft k tokens, verify k + 1 on the
 backbone in one batch, keep the longest agreeing prefix plus the backbone's own token. The drafters:
 
   river        the GGUF's own 4-bit twin of every layer (forced exit -1), writing into the shared KV cache
@@ -9,37 +9,112 @@ backbone in one batch, keep the longest agreeing prefix plus the backbone's own 
                Costs no model step, so its k is chosen with a free draft.
   ngram-cache  an n-gram cache (llama.cpp's `lookup` with its context cache): per n-gram, how often each token
                followed it; the draft chains the most frequent continuation of the longest known suffix
-  river+ngram  the n-gram continuation where the context has one, the river where it has none
+  river+ngram  the n-gram continuation where the context has one, the river where it has none (RiverNgram: a
+               drafter made of two, not a branch in the loop)
   a GGUF path  a separate draft model with the same vocabulary (e.g. Qwen2.5-Coder-0.5B for the 1.5B), in
-               its own context, kept in step with the accepted tokens
+               its own context, kept in step with the accepted tokens (DraftModel)
 
 One cost model (costs.py) chooses k for all of them from the measured batch-cost curve, each drafter's
 own per-token cost and its own running acceptance, so drafters are compared, not loops.
 """
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import llama_cpp
 import numpy as np
 
 from river_edge.format import RiverError
 from river_edge.runtime.decoder import Decoder
+from river_edge.runtime.headdraft import HeadDraft
 from river_edge.tokenizer import quiet_llama_logs
 
-NAMED = ("river", "ngram", "ngram-cache", "river+ngram", "head")   # head: headdraft.py, its own loop
-FREE = ("ngram", "ngram-cache")      # drafters that cost no model step
 NGRAM_MAX = 3
+
+
+@dataclass
+class Offer:
+    """What a drafter would draft this cycle, asked before the cost model chooses k."""
+    source: str               # who drafts: its name in the cost model and the acceptance counts
+    free: bool                # costs no model step (prompt lookup): k is chosen with a free draft
+    cap: int | None = None    # at most this many tokens (a lookup's proposals); None: any k
+
+
+@dataclass
+class Context:
+    """What a drafter sees of the cycle it drafts for."""
+    dec: Decoder              # the target model: its cache holds the kept tokens (the river drafts into it)
+    pending: int              # the token the drafts continue: chosen, not yet decoded
+    pos: int                  # its position
+    # a model's logits row after drafts `so_far` -> (the draft, its top-1 probability): the row through the call's
+    # sampler transform, chosen on the noise the backbone will use at that position
+    pick: Callable[[np.ndarray, list[int]], tuple[int, float]]
+    unsure: float = 0.0       # a model stops after a draft whose top-1 probability is below this
+
+    def history(self) -> list[int]:
+        """The kept tokens before `pending`."""
+        return list(self.dec.history(self.pos))
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    conf: list[float] = field(default_factory=list)   # each model draft's top-1 probability (draft_log)
+    seconds: float | None = None                        # the model steps' time (the cost model's); None: free
+
+
+class Drafter(Protocol):
+    """Exact mode's drafter. Per generate() call `begin`; per cycle `offer` (who drafts and how many at most, before
+    k is chosen), `draft` (k tokens or fewer; an end-of-generation token ends a draft) and `accept` (the tokens the
+    cycle emitted: the backbone's). A new drafter is a class with these, registered in DRAFTERS."""
+
+    source: str            # its name in the cost model and the acceptance counts
+    free: bool             # costs no model step
+    needs_river: bool      # drafts with the GGUF's river
+
+    def begin(self, context: list[int]) -> None:
+        """A generate() call starts: `context` holds its prompt and first token."""
+
+    def offer(self, kmax: int) -> Offer: ...
+
+    def draft(self, ctx: Context, k: int) -> Draft: ...
+
+    def accept(self, tokens: list[int]) -> None: ...
+
+
 class Ngram:
     """Prompt lookup over the tokens of one generate() call (prompt included): an index from every n-gram
     (n = 1..n_max) to where its latest continuation starts, updated as tokens are accepted, so a lookup is
     O(n_max) whatever the context length."""
 
-    def __init__(self, tokens, n_max: int = NGRAM_MAX):
+    source, free, needs_river = "ngram", True, False
+
+    def __init__(self, dec: Decoder | None = None, n_max: int = NGRAM_MAX):
         self.n_max = int(n_max)
+        self.begin([])
+
+    def begin(self, context) -> None:
         self.toks: list[int] = []
         self.idx: list[dict] = [{} for _ in range(self.n_max + 1)]
+        self._cands: list[int] = []
+        self.extend(context)
+
+    def offer(self, kmax: int) -> Offer:
+        self._cands = self.propose(kmax)
+        return Offer(self.source, True, len(self._cands))
+
+    def draft(self, ctx: Context, k: int) -> Draft:
+        out = []
+        for d in self._cands[:k]:
+            out.append(int(d))
+            if ctx.dec.is_eog(d):
+                break
+        return Draft(out)
+
+    def accept(self, tokens) -> None:
         self.extend(tokens)
 
     def extend(self, tokens) -> None:
@@ -64,6 +139,8 @@ class NgramCache(Ngram):
     """Counts instead of the latest occurrence: for every n-gram (n = 1..n_max) how often each token followed
     it; a draft chains the most frequent continuation of the longest suffix seen before (its own drafts
     included), so it can run past the end of any single earlier occurrence."""
+
+    source = "ngram-cache"
 
     def extend(self, tokens) -> None:
         for t in tokens:
@@ -90,45 +167,88 @@ class NgramCache(Ngram):
         return out
 
 
-class Drafter(Protocol):
-    """A model that drafts one token at a time for exact mode: the river (RiverDraft) or a separate draft model
-    (DraftModel). Prompt lookup (Ngram, NgramCache) proposes whole drafts instead and costs no model step."""
+class ModelDrafter:
+    """A model drafting one token at a time, each on the noise the backbone will use there: the river or a separate
+    draft model. Subclasses give `prepare` (before a cycle's drafts), `step` (logits after a token) and `done`."""
 
-    source: str   # its name in the cost model and the acceptance counts
+    free, needs_river = False, False
 
-    def begin(self, context: list[int]) -> None:
-        """Before a cycle's drafts; `context`: the tokens before the one drafted from."""
+    def begin(self, context) -> None:
+        pass
 
-    def step(self, tok: int, pos: int) -> np.ndarray:
-        """Logits after `tok` at position `pos`."""
+    def offer(self, kmax: int) -> Offer:
+        return Offer(self.source, False)
 
-    def end(self) -> None:
-        """After a cycle's drafts."""
+    def draft(self, ctx: Context, k: int) -> Draft:
+        self.prepare(ctx)
+        out, x = Draft(), ctx.pending
+        t0 = time.perf_counter()
+        for i in range(k):
+            d, c = ctx.pick(self.step(x, ctx.pos + i), out.tokens)
+            out.tokens.append(d)
+            out.conf.append(c)
+            x = d
+            if ctx.dec.is_eog(d) or c < ctx.unsure:
+                break
+        out.seconds = time.perf_counter() - t0   # the steps alone: a draft model's catch-up is no per-token cost
+        self.done()
+        return out
+
+    def accept(self, tokens) -> None:
+        pass
 
 
-class RiverDraft:
-    """The river: the backbone's own cache, every layer on its 4-bit twin (forced exit -1) while drafting."""
+class RiverDraft(ModelDrafter):
+    """The river: the backbone's own cache, every layer on its 4-bit twin (forced exit -1) while drafting, writing
+    cells n..n+k-1 that verification replaces."""
 
-    source = "river"
+    source, needs_river = "river", True
 
     def __init__(self, dec: Decoder):
         self.dec = dec
 
-    def begin(self, context: list[int]) -> None:
+    def prepare(self, ctx: Context) -> None:
         self.dec.force_exit(-1)
 
     def step(self, tok: int, pos: int) -> np.ndarray:
         return self.dec.decode([tok], pos)[0]
 
-    def end(self) -> None:
+    def done(self) -> None:
         self.dec.force_exit(self.dec.n_layer - 1)
 
 
-# prompt lookup of a drafter name: proposals first, the model's drafts where it has none (river+ngram)
-LOOKUP = {"ngram": Ngram, "ngram-cache": NgramCache, "river+ngram": Ngram}
+class RiverNgram:
+    """Prompt lookup's proposals where the context has some, the river's drafts where it has none."""
+
+    source, free, needs_river = "river", False, True
+
+    def __init__(self, dec: Decoder):
+        self.lookup, self.river = Ngram(dec), RiverDraft(dec)
+        self._by: Drafter = self.river
+
+    def begin(self, context) -> None:
+        self.lookup.begin(context)
+
+    def offer(self, kmax: int) -> Offer:
+        o = self.lookup.offer(kmax)
+        self._by = self.lookup if o.cap else self.river
+        return o if o.cap else self.river.offer(kmax)
+
+    def draft(self, ctx: Context, k: int) -> Draft:
+        return self._by.draft(ctx, k)
+
+    def accept(self, tokens) -> None:
+        self.lookup.accept(tokens)
 
 
-class DraftModel:
+# Every named drafter: its class, made with the target model's Decoder. A new drafter is registered here.
+DRAFTERS: dict[str, Callable[[Decoder], Drafter]] = {
+    "river": RiverDraft, "ngram": Ngram, "ngram-cache": NgramCache, "river+ngram": RiverNgram,
+    "head": HeadDraft}   # head: a cycle of its own (the full head verifies, not the backbone: headdraft.py)
+FREE = frozenset(name for name, cls in DRAFTERS.items() if cls.free)   # sources that cost no model step
+
+
+class DraftModel(ModelDrafter):
     """A separate draft model in its own llama.cpp context (stock: its graph has no river). Before each
     cycle its cache is brought to the accepted tokens (common prefix kept, the rest decoded in one batch);
     its drafts of the last cycle are dropped there."""
@@ -158,14 +278,9 @@ class DraftModel:
     def _decode(self, toks: list[int], pos: int) -> np.ndarray:
         return self.dec.decode(toks, pos)[0]
 
-    def begin(self, context: list[int]) -> None:
-        self.prepare(context)
-
-    def end(self) -> None:
-        pass
-
-    def prepare(self, context: list[int]) -> None:
-        """Make its cache hold exactly `context` (the tokens before the one to draft from)."""
+    def prepare(self, ctx: Context) -> None:
+        """Make its cache hold exactly the kept tokens before the one to draft from (one batch, not per token)."""
+        context = ctx.history()
         keep = 0
         for a, b in zip(self.toks, context):
             if a != b:
@@ -185,14 +300,18 @@ class DraftModel:
         self.toks.append(int(tok))
         return row
 
+    def done(self) -> None:
+        pass
 
-def resolve(drafter, main) -> tuple[str, Drafter | None]:
-    """(name, draft model): a drafter name, a GGUF path for a separate draft model, or any Drafter."""
-    if all(hasattr(drafter, a) for a in ("source", "begin", "step", "end")):   # a DraftModel, or one's own
+
+def resolve(drafter, main) -> tuple[str, Drafter]:
+    """(name, drafter): a name in DRAFTERS, a GGUF path for a separate draft model ("model"), or any Drafter."""
+    if all(hasattr(drafter, a) for a in ("source", "begin", "offer", "draft", "accept")):   # a DraftModel, or one's own
         return "model", drafter
-    if isinstance(drafter, str) and drafter.lower() in NAMED:
-        return drafter.lower(), None
+    if isinstance(drafter, str) and drafter.lower() in DRAFTERS:
+        return drafter.lower(), DRAFTERS[drafter.lower()](main.decoder)
     if isinstance(drafter, (str, Path)) and str(drafter).endswith(".gguf"):
         return "model", DraftModel(drafter, main)
-    raise RiverError(f"unknown drafter {drafter!r}: use {', '.join(NAMED)}, the path of a draft model GGUF or a Drafter")
+    raise RiverError(f"unknown drafter {drafter!r}: use {', '.join(DRAFTERS)}, the path of a draft model GGUF or a "
+                     "Drafter")
 

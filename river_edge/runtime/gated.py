@@ -3,18 +3,20 @@ the backbone decodes the position again and that token stands."""
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
+from river_edge.runtime.decoder import Decoder
 from river_edge.runtime.sampling import entropy
 
 
-def gated(spec, tokens: list[int], kw: dict, me: int):
+def gated(dec: Decoder, gate: float, st, tokens: list[int], kw: dict, owns: Callable[[], bool]):
     """River step per token; when its entropy >= the gate the backbone re-decodes the position.
     The token comes from llama.cpp's own sampler chain (all settings supported), so gate 0 gives
-    the backbone's output and gate +inf the all-river output, seed for seed."""
-    llm, st, dec = spec.llm, spec.st, spec.dec
-    L = llm.n_layer
+    the backbone's output and gate +inf the all-river output, seed for seed. `st`: the Spec's Stats; `owns`: whether
+    this call still holds the model (Spec.owns)."""
+    L = dec.n_layer
     kw = dict(kw)
     stop = kw.pop("stopping_criteria", None)
     reset = kw.pop("reset", True)
@@ -23,15 +25,12 @@ def gated(spec, tokens: list[int], kw: dict, me: int):
         "top_k", "top_p", "min_p", "typical_p", "temp", "repeat_penalty", "frequency_penalty",
         "presence_penalty", "tfs_z", "mirostat_mode", "mirostat_eta", "mirostat_tau",
         "logits_processor", "grammar")})
-    row = spec.prompt(tokens, reset)
-    n, n_ctx = llm.n_tokens, llm.n_ctx()
+    row = dec.prefill(tokens, reset)
+    n, n_ctx = dec.n_tokens, dec.n_ctx
     pending = dec.sample(sampler)   # the first token from the backbone's prompt logits
-    if stop is not None and stop(llm.input_ids[:n], row):
+    if stop is not None and stop(dec.history(n), row):
         return
     yield pending
-    if n < n_ctx:
-        llm.input_ids[n] = pending
-    gate = spec.gate
     try:
         while n < n_ctx:
             dec.force_exit(-1)
@@ -42,15 +41,12 @@ def gated(spec, tokens: list[int], kw: dict, me: int):
                 dec.remove(n)
                 row = dec.decode([pending], n)[0]
                 st.fallbacks += 1
-            llm.input_ids[n] = pending
-            llm.n_tokens = n + 1
-            tok = dec.sample(sampler)
-            if stop is not None and stop(llm.input_ids[: n + 1], np.array(row)):
+            dec.accept([pending], n)
+            tok = dec.sample(sampler)   # (a logits processor reads the history: pending is in it)
+            if stop is not None and stop(dec.history(n + 1), np.array(row)):
                 return
             yield tok
             pending, n = tok, n + 1
-            if n < n_ctx:
-                llm.input_ids[n] = pending
     finally:
-        if spec.owns(me):   # a stream closed after a later call took the model leaves it alone (Spec.owns)
+        if owns():   # a stream closed after a later call took the model leaves it alone (Spec.owns)
             dec.force_exit(L - 1)

@@ -2,7 +2,7 @@
 
 The body runs one token at a time, as plain decoding runs it, so every cell it writes is the stock runtime's. Each
 step's logits come from a trimmed head, the vocabulary rows the model emits most (FR-Spec, arXiv 2502.14856; ranked
-by the model's own greedy text, vocab.py), and their argmax is the next draft. After k steps the full head runs once
+by the model's own greedy text, headrank.py), and their argmax is the next draft. After k steps the full head runs once
 over the k stored head inputs: one pass over the head's weights for k rows, on ggml's reference kernels, so each row
 has a one-token head's bits and the argmax is the stock runtime's. Drafts stand while they are that argmax; at the
 first that is not, the full head's token is emitted and the body steps after it are lost (their cells removed).
@@ -10,14 +10,18 @@ A token the trimmed head missed joins its rows.
 
 Cost gate: S(k) = E(k, a) t_step / (k t_draft + t_head(k)), with E(k, a) = (1 - a^k) / (1 - a) tokens per cycle for
 a per-token acceptance a, from timings of this call's own steps. Where no k gives S > 1 the loop decodes plainly
-(full head, one token per step) and tries again after IDLE tokens. Greedy only (Spec.generate routes other settings
-to the other drafters).
+(full head, one token per step) and tries again after IDLE tokens. Greedy only: with sampling, logits processors or
+penalties the request goes to the backbone alone.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from river_edge.runtime.headrank import load_or_build
+from river_edge.runtime.sampling import Transform
 
 KMAX = 8
 IDLE = 64            # plain tokens between tries where drafting did not pay
@@ -119,97 +123,131 @@ class Clock:
         return best
 
 
-def head_exact(spec, tokens: list[int], kw: dict, me: int, head: TrimmedHead):
-    """Exact greedy decoding with head drafts; yields tokens as Spec's other loops do."""
-    llm, st, dec = spec.llm, spec.st, spec.dec
-    stop = kw.get("stopping_criteria")
-    row = spec.prompt(tokens, kw.get("reset", True))
-    n, n_ctx = llm.n_tokens, llm.n_ctx()
-    pending = int(row.argmax())
-    if stop is not None and stop(llm.input_ids[:n], row):
-        return
-    yield pending
-    if n >= n_ctx:
-        return
-    llm.input_ids[n] = pending
-    clock, idle, trimmed = Clock(), 0, True   # trimmed: the head can be trimmed (known at the first try)
-    dec.keep_hidden(True)
-    try:
-        while n < n_ctx:
-            k = clock.best_k(KMAX) if spec.draft_k is None else (spec.draft_k() if callable(spec.draft_k) else spec.draft_k)
-            k = min(k, n_ctx - n) if trimmed else 0
-            if k and not head.ids.size:
-                trimmed = head.apply(tokens)
-                k = k if trimmed else 0
-                if not trimmed:
-                    st.spec_off = "the LM head cannot be trimmed (a repacked or device-held head, or an output bias)"
-            if k == 0:
-                # -- a plain step: the full head on this token
-                if head.ids.size:
-                    head.off()
-                t0 = time.perf_counter()
-                row = dec.decode([pending], n)[0]
-                clock.observe("step", time.perf_counter() - t0)
-                out, rows, keep = [int(row.argmax())], row[None], n + 1
-                idle += clock.draft is not None
-                if idle >= IDLE:    # try drafting again: acceptance or costs may have changed
-                    idle, clock.acc, clock.draft = 0, [1.6, 0.4], None
-            else:
-                # -- draft: k body steps on the trimmed head, each head input kept
-                hs = np.empty((k, dec.n_embd), dtype=np.float32)
-                batch = [pending]
-                t0 = time.perf_counter()
-                for i in range(k):
-                    r = dec.decode([batch[-1]], n + i)[0]
-                    hs[i] = dec.hidden()
-                    batch.append(int(r.argmax()))
-                    if dec.is_eog(batch[-1]):   # nothing is drafted past the end of the answer
-                        k, hs = i + 1, hs[:i + 1]
-                        break
-                clock.observe("draft", (time.perf_counter() - t0) / k)
-                # -- verify: the full head over the k positions at once
-                t0 = time.perf_counter()
-                rows = dec.head_logits(hs)
-                clock.observe("head", time.perf_counter() - t0, k)
-                g = rows.argmax(1)
-                # -- accept: drafts while they are the full head's token; then its own token
-                j = 0
-                while j < k - 1 and g[j] == batch[j + 1]:
-                    j += 1
-                if g[j] != batch[j + 1]:
-                    out, agreed = batch[1:j + 1] + [int(g[j])], j
-                    clock.judged(j, 1)
-                    if head.missed(int(g[j])):
-                        head.apply(tokens)
-                else:
-                    out, agreed = batch[1:k + 1], k
-                    clock.judged(k, 0)
-                keep = n + len(out)
-                st.cycle("head", k, k, agreed)
-                dec.remove(keep)   # cells of the drafts after a rejected one
-            # -- settle: emit in order; the cache keeps what was emitted before a stop
-            llm.input_ids[n:keep] = [pending] + out[:-1]
-            llm.n_tokens = keep
-            for i, tok in enumerate(out):
-                if stop is not None and stop(llm.input_ids[: n + i + 1], rows[i]):
-                    spec._cut(n + 1 + i)
-                    return
-                try:
-                    yield tok
-                except GeneratorExit:
-                    if spec.owns(me):
-                        spec._cut(n + 1 + i)
-                    raise
-            pending, n = out[-1], keep
-            if n < n_ctx:
-                llm.input_ids[n] = pending
-    finally:
-        if spec.owns(me):
-            dec.keep_hidden(False)
-            st.extra["head"] = {"rows": int(head.n_rows + len(head.extra)), "acceptance": clock.acceptance,
-                                "step_ms": _ms(clock.step), "draft_ms": _ms(clock.draft),
-                                "head_ms": {k: _ms(v) for k, v in sorted(clock.head.items())}}
-            head.off()
+@dataclass
+class Cycle:
+    """One head-drafting cycle at position pos: the kept inputs' logits rows, the tokens it emits."""
+    pos: int
+    k: int = 0                          # body steps on the trimmed head (0: a plain step)
+    rows: np.ndarray | None = None      # full-head logits of each position
+    out: list[int] = field(default_factory=list)
+
+
+class HeadDraft:
+    """The head drafter (DRAFTERS["head"]): its own cycle, draft -> verify -> accept -> settle, so exact mode runs
+    `run` instead of the backbone-batch loop. `n_rows`: the trimmed head's size (None: head_rows of the vocabulary)."""
+
+    source, free, needs_river = "head", False, False
+
+    def __init__(self, dec):
+        self.dec, self.n_rows, self.head = dec, None, None
+
+    def run(self, spec, tokens: list[int], kw: dict, me: int, base_generate):
+        """Greedy text without logits processors or penalties; else the backbone alone (stats' spec_off says why)."""
+        why = ("sampling" if float(kw.get("temp", 0.8)) != 0.0 else
+               "logits processors or penalties" if Transform(kw, spec.llm.last_n_tokens_size) else None)
+        spec.st.spec_off = why and f"{why} (the head drafter drafts plain greedy text)"
+        if why:
+            yield from base_generate(tokens, **kw)
+            return
+        n_rows = self.n_rows or head_rows(self.dec.n_vocab)
+        if self.head is None or self.head.n_rows != n_rows:
+            self.head = TrimmedHead(self.dec, load_or_build(spec.llm), n_rows)
+        yield from self._cycles(spec, tokens, kw, me)
+
+    def _cycles(self, spec, tokens, kw, me):
+        dec, st, stop = self.dec, spec.st, kw.get("stopping_criteria")
+        row = dec.prefill(tokens, kw.get("reset", True))
+        n, n_ctx = dec.n_tokens, dec.n_ctx
+        pending = int(row.argmax())
+        if stop is not None and stop(dec.history(n), row):
+            return
+        yield pending
+        self.clock, self.idle, self.trimmed, self.prompt, self.st = Clock(), 0, True, tokens, st
+        dec.keep_hidden(True)
+        try:
+            while n < n_ctx:
+                c = Cycle(n, k=self.choose_k(spec, st, n_ctx - n))
+                self.draft(c, pending) if c.k else self.plain(c, pending)
+                dec.accept([pending] + c.out[:-1], n)
+                for i, tok in enumerate(c.out):   # settle: emit in order; a stop keeps the tokens before it
+                    if stop is not None and stop(dec.history(n + i + 1), c.rows[i]):
+                        dec.cut(n + 1 + i)
+                        return
+                    try:
+                        yield tok
+                    except GeneratorExit:
+                        if spec.owns(me):
+                            dec.cut(n + 1 + i)
+                        raise
+                pending, n = c.out[-1], n + len(c.out)
+        finally:
+            if spec.owns(me):
+                dec.keep_hidden(False)
+                self.report(st)
+                self.head.off()
+
+    def choose_k(self, spec, st, room: int) -> int:
+        """The cost gate's k (a test's fixed `draft_k`), 0 for a plain step; the trimmed head set on first use."""
+        k = self.clock.best_k(KMAX) if spec.draft_k is None else (spec.draft_k() if callable(spec.draft_k) else spec.draft_k)
+        k = min(k, room) if self.trimmed else 0
+        if k and not self.head.ids.size:
+            self.trimmed = self.head.apply(self.prompt)
+            if not self.trimmed:
+                st.spec_off = "the LM head cannot be trimmed (a repacked or device-held head, or an output bias)"
+                return 0
+        return k
+
+    def plain(self, c: Cycle, pending: int) -> None:
+        """One step on the full head (the trimmed head off): backbone decoding itself."""
+        if self.head.ids.size:
+            self.head.off()
+        t0 = time.perf_counter()
+        row = self.dec.decode([pending], c.pos)[0]
+        self.clock.observe("step", time.perf_counter() - t0)
+        c.rows, c.out = row[None], [int(row.argmax())]
+        self.idle += self.clock.draft is not None
+        if self.idle >= IDLE:    # try drafting again: acceptance or costs may have changed
+            self.idle, self.clock.acc, self.clock.draft = 0, [1.6, 0.4], None
+
+    def draft(self, c: Cycle, pending: int) -> None:
+        """k body steps on the trimmed head, each step's head input kept; then verify and accept."""
+        dec = self.dec
+        hs, batch = np.empty((c.k, dec.n_embd), dtype=np.float32), [pending]
+        t0 = time.perf_counter()
+        for i in range(c.k):
+            r = dec.decode([batch[-1]], c.pos + i)[0]
+            hs[i] = dec.hidden()
+            batch.append(int(r.argmax()))
+            if dec.is_eog(batch[-1]):   # nothing is drafted past the end of the answer
+                c.k, hs = i + 1, hs[:i + 1]
+                break
+        self.clock.observe("draft", (time.perf_counter() - t0) / c.k)
+        self.verify(c, hs)
+        self.accept(c, batch)
+
+    def verify(self, c: Cycle, hs: np.ndarray) -> None:
+        """The full head over the k kept inputs at once: each row a one-token head's bits."""
+        t0 = time.perf_counter()
+        c.rows = self.dec.head_logits(hs)
+        self.clock.observe("head", time.perf_counter() - t0, c.k)
+
+    def accept(self, c: Cycle, batch: list[int]) -> None:
+        """Drafts while they are the full head's token, then its own token at the first that is not."""
+        g = c.rows.argmax(1)
+        j = 0
+        while j < c.k and g[j] == batch[j + 1]:
+            j += 1
+        c.out = batch[1:j + 1] + ([int(g[j])] if j < c.k else [])
+        self.clock.judged(j, int(j < c.k))
+        self.st.cycle("head", c.k, c.k, j)
+        if j < c.k and self.head.missed(int(g[j])):
+            self.head.apply(self.prompt)
+
+    def report(self, st) -> None:
+        h = self.head
+        st.extra["head"] = {"rows": int(h.n_rows + len(h.extra)), "acceptance": self.clock.acceptance,
+                            "step_ms": _ms(self.clock.step), "draft_ms": _ms(self.clock.draft),
+                            "head_ms": {k: _ms(v) for k, v in sorted(self.clock.head.items())}}
 
 
 def _ms(s):

@@ -87,7 +87,7 @@ def build(llm, n_prompts: int = N_PROMPTS, n_tokens: int = N_TOKENS, budget_s: f
         np.add.at(counts, toks, 1.0)
         if time.perf_counter() > t_end:
             continue
-        dec.remove(0)
+        dec.cut(0)
         for i in range(0, len(toks), llm.n_batch):
             row = dec.decode(toks[i:i + llm.n_batch], i)[0]
         pos = len(toks)
@@ -98,8 +98,7 @@ def build(llm, n_prompts: int = N_PROMPTS, n_tokens: int = N_TOKENS, budget_s: f
                 break
             row = dec.decode([tok], pos)[0]
             pos += 1
-    dec.remove(0)
-    llm.n_tokens = 0      # the prompt cache no longer holds what input_ids says
+    dec.cut(0)            # the prompt cache no longer holds what its tokens say
     dec.logits_stale()
     vocab = llm._model.vocab
     score = np.array([llama_cpp.llama_vocab_get_score(vocab, i) for i in range(dec.n_vocab)], dtype=np.float64)

@@ -18,17 +18,13 @@ from jinja2 import TemplateError
 
 from river_edge import format as F
 from river_edge.format import RiverError, RiverWarning
-from river_edge.gguf_tools.reader import open_gguf
-from river_edge.runtime.capi import _lib, batch_departing, exit_histogram_of, model_params, tensor_buft
+from river_edge.runtime.capi import (_lib, batch_departing, exit_histogram_of, has_river_tensors, model_params,
+                                    offloaded_to_device, tensor_buft)
 from river_edge.runtime.decoder import Decoder
 from river_edge.runtime.inputs import check_grammar, check_tokens, token_cap
 from river_edge.runtime.rpc import connect
 from river_edge.runtime.spec import Spec  # decoding modes (river_edge/runtime/spec.py)
 from river_edge.tokenizer import quiet_llama_logs
-
-
-def _has_river_tensors(path: Path) -> bool:   # a stock runtime: "wrong number of tensors" made clear
-    return any(t.name.startswith("river.") for t in open_gguf(path).tensors)
 
 
 class RiverLlama(llama_cpp.Llama):
@@ -49,14 +45,14 @@ class RiverLlama(llama_cpp.Llama):
         F.check_count(kwargs.get("n_ctx", 512), "n_ctx", 0, F.MAX_CTX)   # 0: the model's training context
         for k in [k for k in ("n_threads", "n_threads_batch") if kwargs.get(k) is not None]:
             F.check_count(kwargs[k], k, 1, F.MAX_THREADS)
-        if _lib() is None and _has_river_tensors(path):
+        if _lib() is None and has_river_tensors(path):
             raise RiverError(f"{path} is a river GGUF: it needs river-edge's patched llama-cpp-python "
                              "(run `make setup`); this one is stock")
-        try:
-            if kwargs.get("rpc_servers"):
+        if kwargs.get("rpc_servers"):
+            try:
                 connect(kwargs["rpc_servers"])
-        except ValueError as e:   # a malformed endpoint list
-            raise RiverError(str(e)) from None
+            except ValueError as e:   # a malformed endpoint list
+                raise RiverError(str(e)) from None
         return super().__new__(cls)
 
     def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
@@ -65,12 +61,14 @@ class RiverLlama(llama_cpp.Llama):
                  drafter: str | None = None, extra_bufts: bool = True, rpc_servers=None, decide: str = "sync",
                  batch_invariant: bool | None = None, **kwargs):
         path = Path(model_path)
-        self._decide, self._invariant = decide, batch_invariant is None or bool(batch_invariant)   # decide: checked in __new__
+        self._decide = decide   # checked in __new__, before the Llama exists
+        self._invariant = True if batch_invariant is None else bool(batch_invariant)
         self._extra_bufts, self._rpc_servers = bool(extra_bufts), kwargs.get("rpc_servers")
         self._river = _lib()   # rpc_servers: connected in __new__
         kwargs.setdefault("verbose", False)
-        # A sliding-window layer's cache (Gemma 3) otherwise keeps only the window: cells a rejected draft or a prompt-
-        # cache cut pushed out would be gone when the cache is cut back (llama.cpp's speculation needs it too).
+        # A sliding-window layer's cache (Gemma 3) otherwise keeps only the window: cells that a rejected draft,
+        # or a prompt-cache cut, pushed out of it would be gone when the cache is cut back (llama.cpp's own
+        # speculative decoding needs the same). No effect on a model without sliding-window layers.
         kwargs.setdefault("swa_full", True)
 
         with quiet_llama_logs() if not kwargs["verbose"] else contextlib.nullcontext([]) as log:
@@ -85,19 +83,15 @@ class RiverLlama(llama_cpp.Llama):
         if kwargs.get("chat_format") is None and "tokenizer.chat_template" not in self.metadata \
                 and self.metadata.get("general.architecture") == "gemma3":   # (the 270M's GGUF has no template)
             self.chat_format = "gemma"   # Gemma's turns, not llama-cpp-python's fallback (llama-2's [INST])
-        if len(self.input_ids) < self._n_ctx:
-            # llama.cpp rounds n_ctx up (to a multiple of 256) and decodes that far; llama-cpp-python sized its
-            # token and logit arrays by the request, so the last positions had nowhere to go
-            self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
-            if self._logits_all:
-                self.scores = np.zeros((self._n_ctx, self._n_vocab), dtype=np.single)
         self.n_layer = int(llama_cpp.llama_model_n_layer(self._model.model))
         self.has_river = bool(self._river and self._river.llama_model_has_river(self._model.model))
 
         self.decoder = Decoder(self)   # the model as the decoding modes see it (decoder.py)
-        # the mode first (it sets the forced exit), then the settings over it; `mode` wins over `forced_exit`.
-        # `modes`: the decoding modes' machinery, whose options (draft_k, cost_model, ...) tests and benchmarks set
-        self.modes = Spec(self, mode, gate)
+        self.decoder.fit_context()
+        # the mode first (it sets the forced exit: the runtime's own default is the backbone), then the
+        # settings over it; `mode` wins over `forced_exit`. `decoding`: the decoding modes' machinery, whose options
+        # (draft_k, draft_stop, draft_log, cost_model, kmax) tests and benchmarks set
+        self.decoding = Spec(self, mode, gate)
         if thresholds is not None:
             self.thresholds = thresholds
         if min_exit_layer is not None:
@@ -110,13 +104,7 @@ class RiverLlama(llama_cpp.Llama):
             self.river_head = False
         if drafter is not None:
             self.drafter = drafter
-        # what batch invariance cannot cover: weights repacked where it does not hold; layers on a GPU or rpc-server
-        self._departing = batch_departing(self, path) if self._river else []
-        if self._river and kwargs.get("n_gpu_layers") and self.offloaded:
-            self._departing.append("layers offloaded to a device")
-        if self.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED and self.n_ctx() >= 512:
-            # ggml's one-token flash attention splits the KV across threads from 512 cells on; a batch's rows never do
-            self._departing.append("flash attention over 512 cells or more")
+        self._departing = batch_departing(self, path, kwargs.get("n_gpu_layers"))
         self._cache_contract = self._contract()
         if kwargs.get("n_gpu_layers") and self.offloaded is False:
             # llama.cpp keeps every layer on the host without a word when no device can take them
@@ -129,14 +117,14 @@ class RiverLlama(llama_cpp.Llama):
         """What wrote the cells now in the KV cache, as far as it decides later tokens: cells written under another
         contract (river K/V under a backbone mode, another rule's exits, other arithmetic) must not be reused. Backbone
         mode writes the stock runtime's cells, and so does exact mode while its verification rows are invariant."""
-        stock = ("backbone", self.modes.mode != "exact" or self.exact_batch != 1)
+        stock = ("backbone", self.decoding.mode != "exact" or self.exact_batch != 1)
         if not self.has_river or not self.river_enabled:
             return stock
-        mode = self.modes.mode
+        mode = self.decoding.mode
         if mode in F.LOSSLESS_MODES:
             return stock
         if mode == "gated":
-            return ("gated", self.modes.gate, self.river_head)
+            return ("gated", self.decoding.gate, self.river_head)
         e = self.forced_exit
         if e is None:
             return ("rule", tuple(self.thresholds), self.min_exit_layer, self._decide)
@@ -151,8 +139,7 @@ class RiverLlama(llama_cpp.Llama):
         c = self._contract()
         if c != self._cache_contract:
             self._cache_contract = c
-            self.n_tokens = 0
-            self._ctx.kv_cache_clear()
+            self.decoder.clear()
 
     # -- batch invariance (patches/0013) ---------------------------------------------------------
     @property
@@ -166,14 +153,13 @@ class RiverLlama(llama_cpp.Llama):
 
     @property
     def verify_invariant(self) -> bool:
-        """Verification batches run on the reference kernels: as asked (the default), even where some rows depart, so
-        the rest of the graph rounds as a lone row does and batches up to exact_batch are exact."""
+        """Verification batches on the reference kernels: as asked, even where rows depart (exact up to exact_batch)."""
         return bool(self._river) and self._invariant
 
     @property
     def departing(self) -> list[str]:
-        """Why verification rows depart from one-token rows though invariance is asked for: weights in a repacked layout
-        whose batch kernel rounds otherwise (by name), flash attention over 512 cells or more, a device."""
+        """Why verification rows depart from one-token rows though batch invariance is asked for: weights in a repacked
+        layout whose batched kernel rounds otherwise (by name), flash attention over 512 cells or more, a device."""
         return list(self._departing)
 
     @property
@@ -193,38 +179,38 @@ class RiverLlama(llama_cpp.Llama):
     # -- decoding modes: exact, gated, river, fast, backbone (river_edge/runtime/spec.py) ---------------
     @property
     def mode(self) -> str:
-        return self.modes.mode
+        return self.decoding.mode
 
     @mode.setter
     def mode(self, m: str) -> None:
-        self.modes.mode = m
+        self.decoding.mode = m
         self._sync_cache()   # once, under the new mode: e.g. river K/V left by fast mode must not feed exact mode
 
     @property
     def gate(self) -> float:
         """The gated mode's entropy gate (nats): the backbone re-decodes a position at river entropy >= gate."""
-        return self.modes.gate
+        return self.decoding.gate
 
     @gate.setter
     def gate(self, g: float) -> None:
-        self.modes.gate = F.check_gate(g)
+        self.decoding.gate = F.check_gate(g)
         self._sync_cache()
 
     @property
     def drafter(self) -> str:
         """Who drafts in exact mode: river, ngram, river+ngram, or the path of a separate draft model."""
-        return self.modes.drafter
+        return self.decoding.drafter
 
     @drafter.setter
     def drafter(self, d) -> None:
-        self.modes.drafter = d
+        self.decoding.drafter = d
 
     def generate(self, tokens, **kw):
         check_tokens(tokens, self._n_vocab, "tokens")
         if kw.get("grammar") is not None:
             check_grammar(self, kw["grammar"]._grammar)
         self._sync_cache()
-        return self.modes.generate(tokens, super().generate, kw)
+        return self.decoding.generate(tokens, super().generate, kw)
 
     def _create_completion(self, *args, **kw):
         kw["stopping_criteria"] = token_cap(kw.get("max_tokens", 16), kw.get("stopping_criteria"))
@@ -233,7 +219,7 @@ class RiverLlama(llama_cpp.Llama):
     def end_streams(self) -> None:
         """Close the streams callers left open, now rather than whenever the garbage collector gets to them (a late
         close is harmless: a stream's cleanup touches the model only while no later call has taken it)."""
-        self.modes.end_streams()
+        self.decoding.end_streams()
 
     # A saved state (set_cache's prompt caches) carries its K/V's contract; another's is not loaded (decoded afresh)
     def save_state(self):
@@ -253,14 +239,14 @@ class RiverLlama(llama_cpp.Llama):
         return super().detokenize(tokens, *args, **kw)
 
     def close(self) -> None:
-        if getattr(self, "modes", None) is not None:
-            self.modes.close_draft()
+        if getattr(self, "decoding", None) is not None:
+            self.decoding.close_draft()
         super().close()
 
     def stats(self) -> dict:
         """Telemetry of the decoding mode since it was set: tokens, tok/s, acceptance rate, mean draft
         length and cost model (exact), fallback rate (gated); the latest call's first-to-last-token seconds."""
-        return self.modes.stats()
+        return self.decoding.stats()
 
     @property
     def extra_bufts(self) -> bool:
@@ -279,10 +265,7 @@ class RiverLlama(llama_cpp.Llama):
     def offloaded(self) -> bool | None:
         """Whether the last backbone layer sits on a device (a GPU or an rpc-server): n_gpu_layers offloads the
         last layers first, so False means nothing was offloaded. None on a stock runtime (it cannot tell)."""
-        if _lib() is None:
-            return None
-        buft = next(filter(None, (self.tensor_buft(f"blk.{self.n_layer - 1}.{w}.weight") for w in F.LAYER_WEIGHTS)), None)
-        return buft is not None and not (buft.startswith("CPU") or buft == "AMX" or buft.endswith("_Host"))
+        return offloaded_to_device(self)
 
     def last_logits(self) -> np.ndarray:
         """Logits of the last token decoded (a copy). Llama.scores holds them only with logits_all=True."""
@@ -348,12 +331,9 @@ class RiverLlama(llama_cpp.Llama):
     def force_exit(self, e: int | None) -> None:
         """Set the forced exit for the next decodes and keep the KV cache as it is: for measurements that
         mix writers on purpose (teacher-forced random exits, a gated fallback). The `forced_exit` setter
-        drops cells written under another exit instead."""
-        lib, ctx = self._need_river()
-        e = F.check_forced_exit(e, self.n_layer)
-        rule = F.EXIT_LAGGED if self._decide == "lagged" else F.EXIT_RULE
-        if lib.llama_river_set_forced_exit(ctx, rule if e is None else e) != 0:
-            raise RiverError(f"llama.cpp refused forced exit layer {e}")
+        drops cells written under another exit instead. Checked once, by the decoder."""
+        self._need_river()
+        self.decoder.force_exit(e)
 
     @property
     def decide(self) -> str:
@@ -407,14 +387,14 @@ class RiverLlama(llama_cpp.Llama):
 
     def mean_depth(self) -> float:
         """Mean backbone layers per ubatch since the last reset (n_layer: pure backbone)."""
-        return F.mean_depth(self.exit_histogram())
+        h = self.exit_histogram()
+        return F.mean_depth(h)
 
     def decision_seconds(self) -> float:
         lib, ctx = self._need_river()
         return lib.llama_river_decision_us(ctx) * 1e-6
 
     def reset_stats(self) -> None:
-        """The river's exit telemetry (a river GGUF) and the decoding mode's statistics."""
-        self.modes.reset_stats()
+        self.decoding.reset_stats()   # and a river GGUF's exit telemetry
         if self.has_river:
             self._river.llama_river_reset_stats(self._ctx.ctx)
