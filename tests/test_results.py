@@ -260,3 +260,35 @@ def test_the_speculation_comparison_counts_same_text_over_its_prompt_pass():
              "prompt-lookup": 9.0}, "identical_rounds": {**s["identical_rounds"], "prompt-lookup": 7}}
     text = "\n".join(R._spec_compare(older, t))
     assert "| prompt-lookup | 9.0 | 0.90 | 7/8 |" in text and "13/16" not in text and "distinct prompts" not in text
+
+
+ROOT = Path(R.__file__).resolve().parent.parent
+
+
+def test_committed_pages_are_what_their_json_generates():
+    """Drift: the README's headline block and docs/results.md's generated section, regenerated from the committed
+    bench/results/**/*.json (and builds.json) exactly as `bench/results.py report` writes them (plots aside), equal
+    the committed text. A figure edited by hand in either block, or a JSON changed without regenerating, fails here."""
+    import difflib
+
+    from device_bench import section
+
+    page, front = (ROOT / "docs" / "results.md").read_text(), (ROOT / "README.md").read_text()
+    new_page, new_front = R.pages(ROOT / "bench" / "results", page, front, "../bench/results", extra=section)
+    for name, old, new in (("docs/results.md", page, new_page), ("README.md", front, new_front)):
+        diff = "".join(list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), name, "regenerated"))[:40])
+        assert old == new, f"{name} drifted from its JSON; run `.venv/bin/python bench/results.py report`:\n{diff}"
+
+
+def test_every_recorded_build_is_matched_or_said_unmatched():
+    """bench/results/builds.json answers for every build a JSON names (a new record needs `bench/builds.py`), and the
+    tables' words for a build come from it: its series where matched, never a guess."""
+    import builds as B
+
+    doc = json.loads((ROOT / "bench" / "results" / "builds.json").read_text())
+    assert B.recorded() <= set(doc["builds"]) | set(doc["not_identified"])
+    known = {"a" * 16: {"patches": ["0001-x.patch", "0012-y.patch"]}, "b" * 16: {"patches": ["0001-x.patch", B.INVARIANT]}}
+    assert B.words("a" * 16, known) == f"build {'a' * 16} (patches 0001-0012, before 0013: batch invariance)"
+    assert B.words("b" * 16, known) == f"build {'b' * 16} (patches 0001-0013)"
+    assert B.words("c" * 16, known) == f"build {'c' * 16} (series not identified)" and B.words(None, known) == "build not recorded"
+    assert B.predates("a" * 16, known) and not B.predates("b" * 16, known) and not B.predates("c" * 16, known)
