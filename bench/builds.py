@@ -1,7 +1,7 @@
 """Which patch series each benchmark JSON ran on: its build (host.runtime.build, patches/build.py's series hash)
 matched to the commit of patches/ that hashes to it, written to bench/results/builds.json for the results pages.
 
-    .venv/bin/python bench/builds.py     # after new JSONs: walks git history of patches/, then rewrites builds.json
+    .venv/bin/python bench/builds.py     # walks git history of patches/ for builds not matched yet (`make results` runs it)
 
 The hash covers the series, the CMake flags, Python's minor version and the compilers' --version lines, so a
 commit matches only where those equal this machine's (the hosts of these records shared one image); a build no
@@ -26,7 +26,7 @@ FLAGS = ([], ["-DGGML_VULKAN=ON"])   # the runtimes these records were measured 
 def build_of(m: dict) -> str | None:
     """A record's build: the series hash its runtime carried (host.runtime.build), None where not recorded."""
     h = m.get("host") if isinstance(m.get("host"), dict) else {}
-    return (h.get("runtime") or {}).get("build") or (m.get("machine") or {}).get("build")
+    return (h.get("runtime") or {}).get("build")
 
 
 def recorded(out: Path = RESULTS) -> set[str]:
@@ -90,7 +90,9 @@ def load(out: Path = RESULTS) -> dict:
 
 def main() -> int:
     wanted = recorded()
-    found = identify(wanted)
+    # matches already made are kept: a shallow clone, or another image's compilers, cannot redo them
+    found = {b: s for b, s in load().items() if b in wanted}
+    found.update(identify(wanted - set(found)))
     doc = {"how": "each build (host.runtime.build: patches/build.py's series hash) matched to the oldest commit of "
                   "patches/ that hashes to it on the machine that ran bench/builds.py; `patches` is that commit's series",
            "builds": {b: found[b] for b in sorted(found)},

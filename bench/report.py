@@ -413,6 +413,14 @@ def _fill(out: Path, text: str, page: str, front: str | None, name) -> tuple[str
     return page, front
 
 
+def _steps_hours(out: Path) -> str:
+    """How long the committed steps took, by their own records (bench/results.py writes step_seconds)."""
+    d = [x for p in sorted(out.glob("*.json")) if isinstance(x := load(out, p.stem), dict)]
+    t = [x["step_seconds"] for x in d if "step_seconds" in x]
+    return (f"{len(t)} steps committed here took {sum(t) / 3600:.1f} hours on 2 cores by their `step_seconds`, the "
+            "accuracy runs at subsets: see their problem counts)")
+
+
 class _NoPlots:
     """measure/plots when only the text is wanted: every figure call draws nothing."""
     def __getattr__(self, name):
@@ -428,7 +436,7 @@ def section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
              "ship quantized (SmolLM2-135M-Instruct Q4_1, Qwen2.5-Coder-0.5B and 1.5B Q4_K_M); the backbone is their F16 "
              "upcast (their weights rounded to F16: below), the river Q4_0 re-quantized from it (with a Q4_0 copy of the LM head for all-river drafts), and "
              f"{_plain_note(out)} Regenerate with "
-             "`make results` (all measurements, resumable; at full accuracy-set sizes about 9 hours on 2 cores, the accuracy runs shown are subsets: see their problem counts) or `.venv/bin/python bench/results.py report` (this "
+             f"`make results` (all measurements, resumable; the {_steps_hours(out)} or `.venv/bin/python bench/results.py report` (this "
              "text and the plots, from `bench/results/*.json`).", ""]
     lines += upcast.section(out) + _headline(out)
     for model in (SMOL, QWEN):
