@@ -20,13 +20,14 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 BUILDS = RESULTS / "builds.json"
 INVARIANT = "0013-batch-invariant-cpu.patch"   # the patch the older speed tables predate
-FLAGS = ([], ["-DGGML_VULKAN=ON"])   # the runtimes these records were measured with: CPU, and Vulkan's
+FLAGS = ([], ["-DGGML_VULKAN=ON"])   # the runtimes these records were measured with: CPU, Vulkan's (and ARM's)
 
 
 def build_of(m: dict) -> str | None:
     """A record's build: the series hash its runtime carried (host.runtime.build), None where not recorded."""
     h = m.get("host") if isinstance(m.get("host"), dict) else {}
-    return (h.get("runtime") or {}).get("build")
+    # tests/arm/run.py's records carry the cross build's tag (patches/cross.py) at the top
+    return (h.get("runtime") or {}).get("build") or (m["build"] if isinstance(m.get("build"), str) else None)
 
 
 def recorded(out: Path = RESULTS) -> set[str]:
@@ -44,8 +45,11 @@ def _git(*args: str) -> str:
 
 def _hashes_at(commit: str) -> dict[str, list[str]]:
     """{series hash: CMake flags} of patches/ as committed at `commit`, by that commit's own build.py."""
-    code = ("import json, sys; sys.path.insert(0, 'patches'); import build\n"
-            f"print(json.dumps({{build.series_hash(f): f for f in {FLAGS!r}}}))")
+    code = ("import json, os, sys; sys.path.insert(0, 'patches'); import build\n"
+            f"got = {{build.series_hash(f): f for f in {FLAGS!r}}}\n"
+            "if os.path.exists('patches/cross.py'):\n"
+            "    import cross; got[cross.tag()] = ['cross: ' + cross.TRIPLE]\n"
+            "print(json.dumps(got))")
     with tempfile.TemporaryDirectory() as tmp:
         tar = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "patches"], check=True, capture_output=True)
         subprocess.run(["tar", "-x", "-C", tmp], input=tar.stdout, check=True)
@@ -75,7 +79,7 @@ def words(b: str | None, builds: dict) -> str:
         return f"build {b} (series not identified)"
     p = [x[:4] for x in s["patches"]]
     before = f", before {INVARIANT[:4]}: batch invariance" if INVARIANT not in s["patches"] else ""
-    return f"build {b} (patches {p[0]}-{p[-1]}{before})"
+    return f"build {b} (the series of {s['commit']}: patches {p[0]}-{p[-1]}{before})"
 
 
 def predates(b: str | None, builds: dict) -> bool:

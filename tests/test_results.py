@@ -287,8 +287,9 @@ def test_every_recorded_build_is_matched_or_said_unmatched():
 
     doc = json.loads((ROOT / "bench" / "results" / "builds.json").read_text())
     assert B.recorded() <= set(doc["builds"]) | set(doc["not_identified"])
-    known = {"a" * 16: {"patches": ["0001-x.patch", "0012-y.patch"]}, "b" * 16: {"patches": ["0001-x.patch", B.INVARIANT]}}
-    assert B.words("a" * 16, known) == f"build {'a' * 16} (patches 0001-0012, before 0013: batch invariance)"
-    assert B.words("b" * 16, known) == f"build {'b' * 16} (patches 0001-0013)"
+    known = {"a" * 16: {"commit": "c1", "patches": ["0001-x.patch", "0012-y.patch"]},
+             "b" * 16: {"commit": "c2", "patches": ["0001-x.patch", B.INVARIANT]}}
+    assert B.words("a" * 16, known) == f"build {'a' * 16} (the series of c1: patches 0001-0012, before 0013: batch invariance)"
+    assert B.words("b" * 16, known) == f"build {'b' * 16} (the series of c2: patches 0001-0013)"
     assert B.words("c" * 16, known) == f"build {'c' * 16} (series not identified)" and B.words(None, known) == "build not recorded"
     assert B.predates("a" * 16, known) and not B.predates("b" * 16, known) and not B.predates("c" * 16, known)
