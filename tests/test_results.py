@@ -293,3 +293,23 @@ def test_every_recorded_build_is_matched_or_said_unmatched():
     assert B.words("b" * 16, known) == f"build {'b' * 16} (the series of c2: patches 0001-0013)"
     assert B.words("c" * 16, known) == f"build {'c' * 16} (series not identified)" and B.words(None, known) == "build not recorded"
     assert B.predates("a" * 16, known) and not B.predates("b" * 16, known) and not B.predates("c" * 16, known)
+
+
+def test_the_records_the_pages_cite_exist():
+    """Every JSON that README.md, docs/ and bench/README.md name as a figure's source is committed (a glob matches at
+    least one), so a renamed or dropped record cannot leave a figure citing nothing."""
+    import re
+
+    results = ROOT / "bench" / "results"
+    missing = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]:
+        for name in set(re.findall(r"[\w.*/<>-]+\.json\b", page.read_text())):
+            if name.startswith("-") or any(x in name for x in ("OUT", "NAME", "<", "...", "device_check")):
+                continue   # a suffix of the name before it, or a file a run writes elsewhere
+            if "/" in name:
+                found = any((results if name.startswith("hosts/") else ROOT).glob(name.removeprefix("../")))
+            else:
+                found = any(results.rglob(name))
+            if not found:
+                missing.append(f"{page.name}: {name}")
+    assert not missing, missing
