@@ -306,10 +306,10 @@ def test_the_records_the_pages_cite_exist():
         for name in set(re.findall(r"[\w.*/<>-]+\.json\b", page.read_text())):
             if name.startswith("-") or any(x in name for x in ("OUT", "NAME", "<", "...", "device_check")):
                 continue   # a suffix of the name before it, or a file a run writes elsewhere
-            if "/" in name:
-                found = any((results if name.startswith("hosts/") else ROOT).glob(name.removeprefix("../")))
+            if "/" in name:   # from the page's folder, the root, or bench/results/ (hosts/NAME/...)
+                found = any(any(base.glob(name.removeprefix("../"))) for base in (page.parent, ROOT, results))
             else:
                 found = any(results.rglob(name))
             if not found:
-                missing.append(f"{page.name}: {name}")
+                missing.append(f"{page.relative_to(ROOT)}: {name}")
     assert not missing, missing
