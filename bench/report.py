@@ -11,7 +11,7 @@ import upcast
 from headline import HEADLINE, headline, paired_ratio
 from river_edge.measure import plots as P
 from river_edge.measure.records import (GEMMA, QWEN, QWEN15, SMOL, cpu_words, dash, host_line, load, load_modes,
-                                        other_hosts, same_text_note, where)
+                                        machine, other_hosts, same_text_note, where)
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
@@ -97,11 +97,13 @@ def _ceiling(m: dict) -> tuple[int, float, float] | None:
 
 def _quality(q: dict, modes: dict | None) -> list[str]:
     L = q["n_layer"]
+    # exact mode's row comes from the modes benchmark: only from the same machine (one host a table)
+    borrow = bool(modes and "exact" in modes["configs"] and machine(modes.get("host")) == machine(q.get("host")))
     out = [f"**Distribution quality, {q['model']}** (`bench/quality.py`: teacher-forced on {len(q['texts'])} "
            f"held-out texts, {q['positions']} positions, one token per decode as in generation; speed = this run's "
            f"decode tok/s over the backbone's, one configuration after another, not alternating; {where(q)}, "
-           f"{_built(q)}" + (f"; the exact row from the modes benchmark, {_built(modes)}" if modes and "exact" in
-                             modes["configs"] and _built(modes) != _built(q) else "") + "):", "",
+           f"{_built(q)}" + (f"; the exact row from the modes benchmark, {_built(modes)}"
+                             if borrow and _built(modes) != _built(q) else "") + "):", "",
            "| config | mean KL vs backbone | top-1 agreement | perplexity | backbone layers | speed x backbone |",
            "|---|---|---|---|---|---|"]
     for c, d in q["configs"].items():
@@ -113,7 +115,7 @@ def _quality(q: dict, modes: dict | None) -> list[str]:
                    f"{d['speed_ratio']:.2f} |")
     gates = [(r, c[f"gated@{r}"], c[f"gated-random@{r}"]) for r in (0.1, 0.25, 0.5)
              if f"gated@{r}" in (c := q["configs"]) and f"gated-random@{r}" in c]
-    if modes and "exact" in modes["configs"]:
+    if borrow:
         e = modes["configs"]["exact"]
         out.append(f"| exact (from the modes benchmark) | 0 (the backbone's tokens: {e['identical_runs']}/{e['runs']} "
                    f"runs identical) | 1 | backbone's | {L}/{L} verified | {e['ratio_median']:.2f} |")

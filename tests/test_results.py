@@ -313,3 +313,13 @@ def test_the_records_the_pages_cite_exist():
             if not found:
                 missing.append(f"{page.relative_to(ROOT)}: {name}")
     assert not missing, missing
+
+
+def test_a_quality_table_takes_its_exact_row_only_from_its_own_host():
+    """The distribution table borrows exact mode's row from the modes benchmark: only when both ran on one machine
+    (tables never mix hosts), and its header names the borrowed row's build where it differs."""
+    q = dict(quality(), host={"cpu": {"model": "Xeon", "isa": ["amx_tile"], "cpus": 2}})
+    m = {"configs": {"exact": {"identical_runs": 16, "runs": 16, "ratio_median": 2.0}}}
+    here = "\n".join(R._quality(q, dict(m, host=q["host"])))
+    assert "exact (from the modes benchmark)" in here
+    assert "exact (from the modes benchmark)" not in "\n".join(R._quality(q, dict(m, host={"cpu": {"model": "EPYC"}})))
