@@ -15,7 +15,7 @@ from river_edge.measure.records import (GEMMA, QWEN, QWEN15, SMOL, cpu_words, da
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
-_builds: dict = {}   # bench/results/builds.json of the folder being reported (render sets it)
+_builds: dict = {}   # builds.json of the folder being reported (section() sets it)
 
 
 def _built(m: dict | None) -> str:
