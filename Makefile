@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.river-edge-deps
 
-.PHONY: setup runtime build-cuda build-vulkan test test-all test-vulkan test-rpc test-arm device-bundle device-check demo results clean
+.PHONY: setup runtime build-cuda build-vulkan test test-all test-vulkan test-rpc test-arm device-bundle device-check demo results results-report clean
 
 setup: runtime $(STAMP)
 
@@ -89,6 +89,12 @@ demo: setup
 # itself. `make results LIMIT=2` is a smoke run into /tmp/river-results (minutes); EVAL_LIMIT caps problems.
 results: setup
 	$(PY) bench/results.py run $(if $(LIMIT),--limit $(LIMIT) --out /tmp/river-results) $(if $(EVAL_LIMIT),--eval-limit $(EVAL_LIMIT))
+
+# Only the results pages (the README's headline block, docs/results.md's section, the plots) from bench/results/*.json,
+# the new records' builds matched to their patch series first (bench/builds.py); no measurement runs.
+results-report: setup
+	$(PY) bench/builds.py
+	$(PY) bench/results.py report
 
 clean:
 	rm -rf $(VENV) build *.egg-info

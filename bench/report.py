@@ -6,14 +6,21 @@ import json
 import os
 from pathlib import Path
 
+import builds as B
 import upcast
 from headline import HEADLINE, headline, paired_ratio
 from river_edge.measure import plots as P
 from river_edge.measure.records import (GEMMA, QWEN, QWEN15, SMOL, cpu_words, dash, host_line, load, load_modes,
-                                        other_hosts, same_text_note, where)
+                                        machine, other_hosts, same_text_note, where)
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
+_builds: dict = {}   # builds.json of the folder being reported (section() sets it)
+
+
+def _built(m: dict | None) -> str:
+    """A record's build in words (bench/builds.py): every section names the series it was measured on."""
+    return B.words(B.build_of(m or {}), _builds)
 
 
 def _calibration(c: dict, model: str) -> list[str]:
@@ -23,7 +30,7 @@ def _calibration(c: dict, model: str) -> list[str]:
     med = c["spearman_median"]
     out = [f"**Calibration, {model}** (target mean KL <= {c['target']['value']}, {c['n_fit_prompts']} prompts "
            f"to fit, {c['n_test_prompts']} unseen; online over {t['rule'].get('tokens_per_prompt', 32)} generated tokens "
-           f"per prompt, each policy writing its own K/V):", "",
+           f"per prompt, each policy writing its own K/V; {where(c)}, {_built(c)}):", "",
            f"| policy (unseen prompts) | backbone layers per token (of {int(L)}) | mean KL | top-1 agreement |",
            "|---|---|---|---|"]
     out += [f"| {n} | {m['depth']:.2f} | {m['kl']:.4f} | {m['agreement']:.3f} |" for n, m in rows]
@@ -51,7 +58,7 @@ def _modes(m: dict) -> list[str]:
            f"x {len(m['prompts'])} chat prompts x {m['rounds']} rounds, configurations alternating in one process"
            + ("" if m.get("settled", True) else
               f", the cap on rounds reached before every interval was within +-{m.get('ci_target', 0.05):.0%}")
-           + f"; {host_line(m)}):", "",
+           + f"; {host_line(m)}; {_built(m)}):", "",
            "| config | tok/s | x backbone (median, 95% CI) | request x backbone | peak MiB | runs identical to backbone | notes |",
            "|---|---|---|---|---|---|---|"]
     from river_edge.measure.modes import note
@@ -60,7 +67,7 @@ def _modes(m: dict) -> list[str]:
         mem = (d.get("memory") or {}).get("peak_mib")
         out.append(f"| {c} | {d['tok_s_median']:.1f} | {d['ratio_median']:.2f} ({lo:.2f}-{hi:.2f}) | "
                    f"{dash(d.get('request_ratio_median'))} | {dash(mem, '{:.0f}')} | {d['identical_runs']}/{d['runs']} | {note(c, d, m)} |")
-    out += ["", same_text_note(m)]
+    out += ["", same_text_note(m) + (f" That pass: {B.words(s['build'], _builds)}." if (s := m.get("same_text")) else "")]
     ex = m["configs"].get("exact", {}).get("cost_model")
     if ex:
         v = ex["verify_ms_used"]
@@ -90,9 +97,13 @@ def _ceiling(m: dict) -> tuple[int, float, float] | None:
 
 def _quality(q: dict, modes: dict | None) -> list[str]:
     L = q["n_layer"]
+    # exact mode's row comes from the modes benchmark: only from the same machine (one host a table)
+    borrow = bool(modes and "exact" in modes["configs"] and machine(modes.get("host")) == machine(q.get("host")))
     out = [f"**Distribution quality, {q['model']}** (`bench/quality.py`: teacher-forced on {len(q['texts'])} "
            f"held-out texts, {q['positions']} positions, one token per decode as in generation; speed = this run's "
-           f"decode tok/s over the backbone's, one configuration after another, not alternating; {where(q)}):", "",
+           f"decode tok/s over the backbone's, one configuration after another, not alternating; {where(q)}, "
+           f"{_built(q)}" + (f"; the exact row from the modes benchmark, {_built(modes)}"
+                             if borrow and _built(modes) != _built(q) else "") + "):", "",
            "| config | mean KL vs backbone | top-1 agreement | perplexity | backbone layers | speed x backbone |",
            "|---|---|---|---|---|---|"]
     for c, d in q["configs"].items():
@@ -104,7 +115,7 @@ def _quality(q: dict, modes: dict | None) -> list[str]:
                    f"{d['speed_ratio']:.2f} |")
     gates = [(r, c[f"gated@{r}"], c[f"gated-random@{r}"]) for r in (0.1, 0.25, 0.5)
              if f"gated@{r}" in (c := q["configs"]) and f"gated-random@{r}" in c]
-    if modes and "exact" in modes["configs"]:
+    if borrow:
         e = modes["configs"]["exact"]
         out.append(f"| exact (from the modes benchmark) | 0 (the backbone's tokens: {e['identical_runs']}/{e['runs']} "
                    f"runs identical) | 1 | backbone's | {L}/{L} verified | {e['ratio_median']:.2f} |")
@@ -178,7 +189,8 @@ def _eval(evals: dict[str, dict]) -> list[str]:
         return []
     first = next(iter(evals.values()))
     out = [f"**Accuracy, {first['model']}** (`river eval --task T --limit N --configs {','.join(EVAL_CONFIGS)}`; greedy, "
-           f"chat template, problems interleaved across configurations so speeds come from the same run; {where(first)}):",
+           f"chat template, problems interleaved across configurations so speeds come from the same run; {where(first)}, "
+           f"{_built(first)}):",
            "",
            "| task (problems, max tokens) | " + " | ".join(first["configs"]) + " |",
            "|---|" + "---|" * len(first["configs"])]
@@ -197,7 +209,7 @@ def _spec_compare(s: dict, t: dict | None = None) -> list[str]:
     t = t if t and set(s["ratio_median"]) <= set(t["identical_runs"]) else None
     same = "runs identical" if t else "rounds identical"
     out = [f"**Exact speed-ups on {s['model']}** (`.venv/bin/python bench/spec_compare.py`; {s['tokens']} greedy tokens x "
-           f"{s['rounds']} rounds alternating, no intervals; peak memory in a fresh process; {where(s)}):", "",
+           f"{s['rounds']} rounds alternating, no intervals; peak memory in a fresh process; {where(s)}; {_built(s)}):", "",
            f"| config | tok/s | x backbone | {same} | peak MiB |", "|---|---|---|---|---|"]
     for c in s["ratio_median"]:
         n, of = (t["identical_runs"][c], t["runs"]) if t else (s["identical_rounds"][c], s["rounds"])
@@ -210,7 +222,7 @@ def _spec_compare(s: dict, t: dict | None = None) -> list[str]:
         v = ((t.get("host") or {}).get("runtime") or {}).get("cpu_variant")
         out += ["", f"*Runs identical*: every configuration once on each of {t['runs']} distinct prompts, {t['tokens']} "
                 f"greedy tokens, untimed (`--text-prompts`), on host {cpu_words(t)}, {t['threads']} threads, ggml's {v} variant"
-                + (f", the variant {t['as_host']} loads, at its thread count" if t.get("as_host") else "") + ". "
+                + (f", the variant {t['as_host']} loads, at its thread count" if t.get("as_host") else "") + f", {_built(t)}. "
                 "The reference, *backbone*, is a stock `llama_cpp.Llama` on the backbone file: its prompt runs as one "
                 "batch through ggml's default kernels, while exact mode writes the batch-invariant backbone's "
                 "one-token text (RiverLlama's backbone mode), so a near-tie can part the two."]
@@ -220,8 +232,9 @@ def _spec_compare(s: dict, t: dict | None = None) -> list[str]:
 def _long(lr: dict, model: str) -> list[str]:
     lo, b = lr["long"], lr["batch"]
     # the run's host is recorded with its long half (long.host)
-    out = [f"**Long and batched runs, {model}** (`bench/longrun.py`, figure `longrun_{model}.png`; "
-           f"{where({**lr, 'host': lr.get('host') or lo.get('host')})}):", ""]
+    rec = {**lr, "host": lr.get("host") or lo.get("host")}
+    out = [f"**Long and batched runs, {model}** (`bench/longrun.py`, figure `longrun_{model}.png`; {where(rec)}, "
+           f"{_built(rec)}):", ""]
     for m, d in lo["modes"].items():
         out.append(f"- {lo['n_tokens']}-token generation, {m}: mean KL {d['kl_mean']:.4f} (first quarter "
                    f"{d['kl_first_quarter']:.4f}, last quarter {d['kl_last_quarter']:.4f}), top-1 {d['agreement']:.3f}, "
@@ -244,7 +257,7 @@ def _long(lr: dict, model: str) -> list[str]:
 def _runtime(r: dict) -> list[str]:
     c = r["configs"]
     pk = lambda k: dash((c[k].get("memory") or {}).get("peak_mib"), "{:.0f}")  # noqa: E731
-    return [f"Runtime benchmark, {r['model']} (`river bench {r['model']}`; medians without intervals; {where(r)}): backbone {c['backbone']['decode_tps']:.1f} "
+    return [f"Runtime benchmark, {r['model']} (`river bench {r['model']}`; medians without intervals; {where(r)}, {_built(r)}): backbone {c['backbone']['decode_tps']:.1f} "
             f"tok/s; calibrated rule {c['river']['decode_ratio']:.2f}x at {c['river']['mean_depth']:.1f} layers; all-river "
             f"{c['all-river']['decode_ratio']:.2f}x with the backbone's head"
             + (f", {c['fast']['decode_ratio']:.2f}x with the river's (fast)" if "fast" in c else "") +
@@ -279,7 +292,7 @@ def _same_answers(jsonl: Path, a: str, b: str) -> int | str:
 def _cpu(m: dict) -> str:
     """The host of a headline figure, in a few words: its CPU, or that its JSON predates host records."""
     cpu = ((m.get("host") or {}).get("cpu") or {}).get("model")
-    return cpu if cpu else "an older run, host not recorded"
+    return (cpu if cpu else "an older run, host not recorded") + f", {_built(m)}"
 
 
 def _headline(out: Path) -> list[str]:
@@ -293,7 +306,8 @@ def _headline(out: Path) -> list[str]:
                   if (r := paired_ratio(m, "exact", ref)) is not None]
             h.append(f"- Exact mode, {model}: {e['ratio_median']:.2f}x the F16 backbone's decode speed (median)"
                      + (f", {' and '.join(vs)}" if vs else "") + f"; output identical in {e['identical_runs']}/"
-                     f"{e['runs']} runs ({_cpu(m)}).")
+                     f"{e['runs']} runs ({_cpu(m)}" + (f"; the same-text pass {B.words(st['build'], _builds)}" if (st := m.get("same_text"))
+                                                      else "") + ").")
     for model in (SMOL, QWEN):
         q = load(out, f"quality_{model}")
         if not q:
@@ -320,14 +334,13 @@ def _headline(out: Path) -> list[str]:
 
 
 
-def _replace_block(page: Path, markers: tuple[str, str], text: str) -> None:
-    body = page.read_text()
+def _replaced(body: str, markers: tuple[str, str], text: str, page: Path | str) -> str:
     b, e = markers
     if b not in body or e not in body:
         raise SystemExit(f"{page}: no {b.split(' ')[1].split(':')[0]} markers")
     head, rest = body.split(b, 1)
     _, tail = rest.split(e, 1)
-    page.write_text(head + b + "\n" + text + e + tail)
+    return head + b + "\n" + text + e + tail
 
 
 BEGIN, END = "<!-- results:begin (generated by `.venv/bin/python bench/results.py report`) -->", "<!-- results:end -->"
@@ -352,18 +365,18 @@ def _plain_note(out: Path) -> str:
     return note
 
 
-def _modes_block(folder: Path, key: str, rel: str = "") -> list[str]:
+def _modes_block(folder: Path, key: str, rel: str = "", fig=P) -> list[str]:
     """A modes section with its figure (written beside the JSON); rel: the folder under bench/results/."""
     if not (m := load_modes(folder, key)):
         return []
-    P.modes(m, folder / f"modes_{key}.png")
+    fig.modes(m, folder / f"modes_{key}.png")
     return _modes(m) + [f"![modes](bench/results/{rel}modes_{key}.png)", ""]
 
 
-def _runtime_block(folder: Path, model: str, rel: str = "") -> list[str]:
+def _runtime_block(folder: Path, model: str, rel: str = "", fig=P) -> list[str]:
     if not (r := load(folder, f"runtime_{model}")):
         return []
-    P.runtime(r, folder / f"runtime_{model}.png")
+    fig.runtime(r, folder / f"runtime_{model}.png")
     return _runtime(r) + [f"![runtime](bench/results/{rel}runtime_{model}.png)", ""]
 
 
@@ -377,11 +390,55 @@ def report(out: Path, readme: Path | None, front: Path | None = None, extra=None
     """The generated section of `readme` (docs/results.md) from the JSON in `out`, its plots beside the JSON, and
     the headline table of `front` (the README) when given; returns the section's text. `extra(folder)`: more lines
     for another host's folder (bench/results.py passes the device check's, bench/device_bench.py)."""
+    if readme is None:
+        return section(out, extra)
+    rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
+    text = section(out, extra, rel=rel)
+    page, top = _fill(out, text, readme.read_text(), front.read_text() if front else None, readme)
+    readme.write_text(page)
+    if top is not None:
+        front.write_text(top)
+    return text
+
+
+def pages(out: Path, page: str, front: str | None, rel: str, extra=None) -> tuple[str, str | None]:
+    """The texts of docs/results.md (`page`) and the README (`front`) with their generated blocks rewritten from the
+    JSON in `out`, no plot drawn and nothing written (tests/test_results.py holds the committed pages to these);
+    rel: `out` from the page's folder, for the plots' links."""
+    return _fill(out, section(out, extra, _NoPlots(), rel), page, front, "results page")
+
+
+def _fill(out: Path, text: str, page: str, front: str | None, name) -> tuple[str, str | None]:
+    page = _replaced(page, (BEGIN, END), text, name)
+    if front is not None and (h := headline(out)):
+        front = _replaced(front, HEADLINE, "\n".join(h) + "\n", "README")
+    return page, front
+
+
+def _steps_hours(out: Path) -> str:
+    """How long the committed steps took, by their own records (bench/results.py writes step_seconds)."""
+    d = [x for p in sorted(out.glob("*.json")) if isinstance(x := load(out, p.stem), dict)]
+    t = [x["step_seconds"] for x in d if "step_seconds" in x]
+    return (f"{len(t)} steps committed here took {sum(t) / 3600:.1f} hours on 2 cores by their `step_seconds`, the "
+            "accuracy runs at subsets: see their problem counts)")
+
+
+class _NoPlots:
+    """measure/plots when only the text is wanted: every figure call draws nothing."""
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+def section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
+    """The generated section from the JSON in `out`, its plots drawn by `fig` (measure/plots) beside the JSON;
+    rel: the plots' link prefix (None: bench/results/, as from the repository's root)."""
+    global _builds
+    _builds = B.load(out)
     lines = ["All figures: 2 threads on a shared 2-core x86 machine, greedy decoding. Weights: the offline models "
              "ship quantized (SmolLM2-135M-Instruct Q4_1, Qwen2.5-Coder-0.5B and 1.5B Q4_K_M); the backbone is their F16 "
              "upcast (their weights rounded to F16: below), the river Q4_0 re-quantized from it (with a Q4_0 copy of the LM head for all-river drafts), and "
              f"{_plain_note(out)} Regenerate with "
-             "`make results` (all measurements, resumable; at full accuracy-set sizes about 9 hours on 2 cores, the accuracy runs shown are subsets: see their problem counts) or `.venv/bin/python bench/results.py report` (this "
+             f"`make results` (all measurements, resumable; the {_steps_hours(out)} or `.venv/bin/python bench/results.py report` (this "
              "text and the plots, from `bench/results/*.json`).", ""]
     lines += upcast.section(out) + _headline(out)
     for model in (SMOL, QWEN):
@@ -389,43 +446,37 @@ def report(out: Path, readme: Path | None, front: Path | None = None, extra=None
         q = load(out, f"quality_{model}")
         if c := load(out, f"calibration_{model}"):
             lines += _calibration(c, model)
-        lines += _modes_block(out, model)
+        lines += _modes_block(out, model, fig=fig)
         if q:
             lines += _quality(q, modes)
             lines += [f"![pareto](bench/results/pareto_{model}.png) ![depth](bench/results/depth_{model}.png)", ""]
-            P.pareto(q, modes, out / f"pareto_{model}.png")
-            P.depth_hist(q, out / f"depth_{model}.png")
+            fig.pareto(q, modes, out / f"pareto_{model}.png")
+            fig.depth_hist(q, out / f"depth_{model}.png")
             lines += ["Where plain quantization dominates a lossy river configuration (faster and closer to the "
                       "backbone on the same text), in plain words:", ""] + _dominance(q) + ["", "Why:", ""]
             lines += _why(q, load(out, f"calibration_{model}"), modes, load(out, f"longrun_{model}"),
                           load(out, f"runtime_{model}")) + [""]
-        lines += _runtime_block(out, model)
+        lines += _runtime_block(out, model, fig=fig)
         if lr := load(out, f"longrun_{model}"):
             lines += _long(lr, model) + [f"![longrun](bench/results/longrun_{model}.png)", ""]
     for key in (f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
-        lines += _modes_block(out, key)
+        lines += _modes_block(out, key, fig=fig)
     if c := load(out, f"calibration_{GEMMA}"):
         lines += _calibration(c, GEMMA)
-    lines += _modes_block(out, GEMMA)
+    lines += _modes_block(out, GEMMA, fig=fig)
     evals = {t: e for t in FULL if (e := load(out, f"eval_{QWEN}_{t}"))}
     if evals:
         lines += _eval(evals)
-        P.pareto_accuracy(evals, out / f"pareto_accuracy_{QWEN}.png")
+        fig.pareto_accuracy(evals, out / f"pareto_accuracy_{QWEN}.png")
         lines += [f"![accuracy](bench/results/pareto_accuracy_{QWEN}.png)", ""]
     lines += _spec_block(out)
     for folder in other_hosts(out):   # another host's speeds: the same sections, on their own
-        rel = folder.relative_to(out).as_posix() + "/"
-        lines += [f"### Other hosts: {folder.name}", "", f"Measured on another host (`bench/results/{rel}`): its "
+        sub = folder.relative_to(out).as_posix() + "/"
+        lines += [f"### Other hosts: {folder.name}", "", f"Measured on another host (`bench/results/{sub}`): its "
                   "tables stand alone, never compared with the ones above.", ""]
         for key in (SMOL, QWEN, f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
-            lines += _modes_block(folder, key, rel)
-        lines += [x for m in (SMOL, QWEN) for x in _runtime_block(folder, m, rel)] + _spec_block(folder, rel)
+            lines += _modes_block(folder, key, sub, fig)
+        lines += [x for m in (SMOL, QWEN) for x in _runtime_block(folder, m, sub, fig)] + _spec_block(folder, sub)
         lines += extra(folder) if extra else []
     text = "\n".join(lines).rstrip() + "\n"
-    if readme is not None:   # plots linked relative to the page they appear in
-        rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
-        text = text.replace("](bench/results/", f"]({rel}/")
-        _replace_block(readme, (BEGIN, END), text)
-        if (h := headline(out)) and front is not None:
-            _replace_block(front, HEADLINE, "\n".join(h) + "\n")
-    return text
+    return text if rel is None else text.replace("](bench/results/", f"]({rel}/")

@@ -291,6 +291,9 @@ def main(argv=None) -> int:
     readme = a.readme or (page if a.out.resolve() == RESULTS.resolve() else None)
     if a.what == "run":
         run(a.out, a.limit, a.only.split(",") if a.only else None, [x for x in a.redo.split(",") if x], a.as_host)
+        if a.out.resolve() == RESULTS.resolve():
+            import builds
+            builds.main()   # the new records' builds, matched to their series before the pages name them
     if a.what == "rescore":
         rescore(a.out)
     front = ROOT / "README.md" if readme is not None and readme.resolve() == page.resolve() else None

@@ -260,3 +260,67 @@ def test_the_speculation_comparison_counts_same_text_over_its_prompt_pass():
              "prompt-lookup": 9.0}, "identical_rounds": {**s["identical_rounds"], "prompt-lookup": 7}}
     text = "\n".join(R._spec_compare(older, t))
     assert "| prompt-lookup | 9.0 | 0.90 | 7/8 |" in text and "13/16" not in text and "distinct prompts" not in text
+
+
+ROOT = Path(R.__file__).resolve().parent.parent
+
+
+def test_committed_pages_are_what_their_json_generates():
+    """Drift: the README's headline block and docs/results.md's generated section, regenerated from the committed
+    bench/results/**/*.json (and builds.json) exactly as `bench/results.py report` writes them (plots aside), equal
+    the committed text. A figure edited by hand in either block, or a JSON changed without regenerating, fails here."""
+    import difflib
+
+    from device_bench import section
+
+    page, front = (ROOT / "docs" / "results.md").read_text(), (ROOT / "README.md").read_text()
+    new_page, new_front = R.pages(ROOT / "bench" / "results", page, front, "../bench/results", extra=section)
+    for name, old, new in (("docs/results.md", page, new_page), ("README.md", front, new_front)):
+        diff = "".join(list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), name, "regenerated"))[:40])
+        assert old == new, f"{name} drifted from its JSON; run `.venv/bin/python bench/results.py report`:\n{diff}"
+
+
+def test_every_recorded_build_is_matched_or_said_unmatched():
+    """bench/results/builds.json answers for every build a JSON names (a new record needs `bench/builds.py`), and the
+    tables' words for a build come from it: its series where matched, never a guess."""
+    import builds as B
+
+    doc = json.loads((ROOT / "bench" / "results" / "builds.json").read_text())
+    unmatched = B.recorded() - set(doc["builds"]) - set(doc["not_identified"])
+    assert not unmatched, f"builds no entry answers for, {sorted(unmatched)}: run `.venv/bin/python bench/builds.py`"
+    known = {"a" * 16: {"commit": "c1", "patches": ["0001-x.patch", "0012-y.patch"]},
+             "b" * 16: {"commit": "c2", "patches": ["0001-x.patch", B.INVARIANT]}}
+    assert B.words("a" * 16, known) == f"build {'a' * 16} (the series of c1: patches 0001-0012, before 0013: batch invariance)"
+    assert B.words("b" * 16, known) == f"build {'b' * 16} (the series of c2: patches 0001-0013)"
+    assert B.words("c" * 16, known) == f"build {'c' * 16} (series not identified)" and B.words(None, known) == "build not recorded"
+    assert B.predates("a" * 16, known) and not B.predates("b" * 16, known) and not B.predates("c" * 16, known)
+
+
+def test_the_records_the_pages_cite_exist():
+    """Every JSON that README.md, docs/ and bench/README.md name as a figure's source is committed (a glob matches at
+    least one), so a renamed or dropped record cannot leave a figure citing nothing."""
+    import re
+
+    results = ROOT / "bench" / "results"
+    missing = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]:
+        for name in set(re.findall(r"[\w.*/<>-]+\.json\b", page.read_text())):
+            if name.startswith("-") or any(x in name for x in ("OUT", "NAME", "<", "...", "device_check")):
+                continue   # a suffix of the name before it, or a file a run writes elsewhere
+            if "/" in name:   # from the page's folder, the root, or bench/results/ (hosts/NAME/...)
+                found = any(any(base.glob(name.removeprefix("../"))) for base in (page.parent, ROOT, results))
+            else:
+                found = any(results.rglob(name))
+            if not found:
+                missing.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not missing, missing
+
+
+def test_a_quality_table_takes_its_exact_row_only_from_its_own_host():
+    """The distribution table borrows exact mode's row from the modes benchmark: only when both ran on one machine
+    (tables never mix hosts), and its header names the borrowed row's build where it differs."""
+    q = dict(quality(), host={"cpu": {"model": "Xeon", "isa": ["amx_tile"], "cpus": 2}})
+    m = {"configs": {"exact": {"identical_runs": 16, "runs": 16, "ratio_median": 2.0}}}
+    here = "\n".join(R._quality(q, dict(m, host=q["host"])))
+    assert "exact (from the modes benchmark)" in here
+    assert "exact (from the modes benchmark)" not in "\n".join(R._quality(q, dict(m, host={"cpu": {"model": "EPYC"}})))

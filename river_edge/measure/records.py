@@ -34,6 +34,7 @@ def load_modes(out: Path, key: str) -> dict | None:
         d["identical_runs"], d["runs"] = t["configs"][c]["identical_runs"], t["configs"][c]["runs"]
     m["same_text"] = {"prompts": len(t["prompts"]), "tokens": t["tokens"], "host": host_line(t).split(", load")[0],
                       "cpu_variant": ((t.get("host") or {}).get("runtime") or {}).get("cpu_variant"),
+                      "build": ((t.get("host") or {}).get("runtime") or {}).get("build"),
                       "as_host": t.get("as_host")}
     return m
 
