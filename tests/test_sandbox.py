@@ -157,3 +157,25 @@ def test_the_fallback_without_namespaces_still_judges(monkeypatch, shared):
     assert S.run_sandboxed(prog, timeout=1) == (False, "timed out")
     time.sleep(0.6)
     assert not beating(daemon)
+
+
+def test_every_mode_this_host_runs_judges_and_cleans_up(monkeypatch, shared):
+    """Each isolation the probe may fall back to (and a user namespace, as a host without root gets): those that
+    run here judge right and wrong and kill a setsid daemon at the deadline."""
+    userns = S.Mode(("--user", "--map-root-user", "--fork", "--pid", "--mount-proc", "--kill-child"), False)
+    ran = []
+    default = S._mode()   # the rest of this file tests it
+    for i, mode in enumerate(S._candidates() + [userns]):
+        if mode == default or not S._run("print(1)\n", 5, 256, mode)[0]:
+            continue
+        monkeypatch.setattr(S, "_mode", lambda m=mode: m)
+        assert S.run_sandboxed(checked("def add_one(x):\n    return x + 1\n"), timeout=10) == (True, "passed")
+        assert not S.run_sandboxed(checked("def add_one(x):\n    return -x\n"), timeout=10)[0]
+        beat = os.path.join(shared, f"daemon{i}")
+        prog = (heartbeat_code(beat) + "import ctypes, time\nlibc = ctypes.CDLL(None)\nif libc.fork() == 0:\n"
+                "    libc.setsid()\n    _beat()\n    libc._exit(0)\ntime.sleep(20)\n")
+        assert S.run_sandboxed(prog, timeout=0.5) == (False, "timed out"), mode
+        time.sleep(0.3)
+        assert os.path.exists(beat) and not beating(beat, 0.25), mode
+        ran.append(mode.describe())
+    print("\n".join(ran))

@@ -101,8 +101,8 @@ class Mode:
         elif self.own_uid:
             who = "a uid of its own"
         else:
-            who = "the evaluator's uid, no capabilities" if os.geteuid() or ns else "root, no capabilities"
-        weak = "" if "--pid" in self.unshare or self.own_uid else "; it can reach the evaluator's processes (weak)"
+            who = "the evaluator's uid, no capabilities" if os.geteuid() or "user" in ns else "root, no capabilities"
+        weak = "" if "--pid" in self.unshare or self.own_uid else "; it can see and signal the evaluator (weak)"
         return f"{where}; the program as {who}{weak}"
 
 
@@ -166,6 +166,7 @@ def _run(program: str | Checked, timeout: float, mem_mb: int, mode: Mode) -> tup
         (Path(tmp) / "program.py").write_text(_program_text(program), encoding="utf-8")
         job = {"workdir": tmp, "python": sys.executable, "timeout": timeout, "mem": mem_mb << 20, "fsize": FILE_LIMIT,
                "nproc": NPROC, "uid": secrets.choice(range(*OWN_UIDS)) if mode.own_uid else None,
+               "shield": secrets.choice(range(*OWN_UIDS)),
                "pidns": "--pid" in mode.unshare, "mountns": "--mount" in mode.unshare,
                "check": {"prompt": program.prompt, "test": program.test, "entry_point": program.entry_point}
                if checked else None}

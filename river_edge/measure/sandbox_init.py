@@ -34,29 +34,39 @@ def mount(src, dst, fstype, flags, data=None):
         raise OSError(ctypes.get_errno(), f"mount {dst}")
 
 
+def _blocked(path):
+    """The first folder on path that other users cannot enter, or None."""
+    parts = path.strip("/").split("/")
+    return next((p for p in ("/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1))
+                 if not os.stat(p).st_mode & 0o001), None)
+
+
 def expose_python(workdir):
-    """The interpreter, readable by the program's uid: a tmpfs over the first folder on its path that other users
-    cannot enter (/root for pyenv), holding only the interpreter's install, read-only. Only in our own mount
-    namespace: the host's folders are not touched."""
-    prefix = os.path.realpath(sys.base_prefix)
-    parts = prefix.strip("/").split("/")
-    blocked = next((p for p in ("/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1))
-                    if not os.stat(p).st_mode & 0o001), None)
-    if blocked is None:
-        return
-    stage = os.path.join(workdir, ".python")
-    os.mkdir(stage, 0o755)
-    mount(prefix, stage, None, MS_BIND | MS_REC)
-    mount("tmpfs", blocked, "tmpfs", 0, "mode=755,size=64k")
-    os.makedirs(prefix, 0o755, exist_ok=True)
-    mount(stage, prefix, None, MS_BIND | MS_REC)
-    mount(None, prefix, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    """The interpreter and its venv, readable by the program's uid: a tmpfs over each folder on their paths that
+    other users cannot enter (/root for pyenv), holding only them, read-only. Only in our own mount namespace:
+    the host's folders are not touched."""
+    keep = {p: b for p in {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)} if (b := _blocked(p))}
+    stages = {}
+    for i, prefix in enumerate(sorted(keep)):   # staged first: the tmpfs hides the originals
+        stages[prefix] = os.path.join(workdir, f".python{i}")
+        os.mkdir(stages[prefix], 0o755)
+        mount(prefix, stages[prefix], None, MS_BIND | MS_REC)
+    tops = set(keep.values())
+    for b in sorted(tops):
+        if not any(b.startswith(t + "/") for t in tops):
+            mount("tmpfs", b, "tmpfs", 0, "mode=755,size=64k")
+    for prefix, stage in stages.items():
+        os.makedirs(prefix, 0o755, exist_ok=True)
+        mount(stage, prefix, None, MS_BIND | MS_REC)
+        mount(None, prefix, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
 
 
 def drop_privileges(uid):
     """The program's own uid (other users' processes, ours included, are out of its reach), or, with no other uid
     to take, no capabilities now or after exec."""
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if os.geteuid() == 0:
+        os.setresuid(0, 0, 0)   # undo main()'s shield
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
@@ -139,22 +149,34 @@ def tester(job, chan, result):
             pass
 
 
-def count(job, pid):
-    """The program's processes: all of our PID namespace, or of its own uid; else its session and our children."""
-    n = 0
+def descendants():
+    """Every process below us: the program's tree, and what it orphaned (reparented to us, the subreaper)."""
+    kids = {}
     for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
         try:
-            if job["pidns"]:
-                n += 1
-            elif job["uid"] is not None:
-                n += os.stat(f"/proc/{d}").st_uid == job["uid"]
-            else:
-                f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
-                n += int(f[3]) == pid or int(f[1]) == os.getpid()
+            if d.isdigit():
+                kids.setdefault(int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
         except (OSError, IndexError, ValueError):
             pass
+    out, todo = [], [os.getpid()]
+    while todo:
+        for k in kids.get(todo.pop(), ()):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def count(job):
+    """The program's processes: all of our PID namespace, or of its own uid, or all below us."""
+    if job["uid"] is None and not job["pidns"]:
+        return len(descendants())
+    n = 0
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                n += job["pidns"] or os.stat(f"/proc/{d}").st_uid == job["uid"]
+            except OSError:
+                pass
     return n
 
 
@@ -176,7 +198,7 @@ def kill_all(job, pid):
         targets = lambda: None  # noqa: E731
     else:
         def targets():
-            for t in [pid] + [int(d) for d in os.listdir("/proc") if d.isdigit() and _ppid(d) == os.getpid()]:
+            for t in [pid] + descendants():
                 for kill in (os.killpg, os.kill):
                     try:
                         kill(t, signal.SIGKILL)
@@ -195,20 +217,18 @@ def kill_all(job, pid):
         time.sleep(0.01)
 
 
-def _ppid(d):
-    try:
-        return int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
-
-
 def main():
+    os.umask(0o022)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)   # no ptrace, no /proc/<us>/fd or environ for the program
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)   # orphans come to us (PID 1 has them anyway)
     job = json.loads(sys.stdin.buffer.read())
     verdict = sys.stdout
     os.dup2(os.open(os.devnull, os.O_RDWR), 0)
     deadline = time.monotonic() + job["timeout"]
+    if job["uid"] is None and not job["pidns"] and os.geteuid() == 0:
+        # root without namespaces or a uid to give: a real and saved uid of our own (euid 0 keeps our
+        # capabilities) put us out of the reach of kill() from the program, which keeps uid 0 without CAP_KILL
+        os.setresuid(job["shield"], 0, job["shield"])
     if job["uid"] is not None:
         os.chown(job["workdir"], job["uid"], job["uid"])
     if job["mountns"]:   # our own mount namespace (unshare --mount): nothing here reaches the host's mounts
@@ -237,7 +257,7 @@ def main():
         if result["done"] or (status is not None and not job["check"]):
             state = "ended"
             break
-        if count(job, pid) >= job["nproc"]:   # at RLIMIT_NPROC's cap (a fork bomb spins there), or past it (root's)
+        if count(job) >= job["nproc"]:   # at RLIMIT_NPROC's cap (a fork bomb spins there), or past it (root's)
             state = "nproc"
             break
         time.sleep(0.01)
