@@ -238,6 +238,17 @@ def test_eval_runs_and_resumes(tiny_llama, data, tmp_path, monkeypatch):
     assert len(res.read_text().splitlines()) == 8
 
 
+def test_a_humaneval_run_records_the_sandboxs_isolation(tiny_llama, tmp_path, monkeypatch):
+    """Each HumanEval row, and the summary, say what the sandbox isolated (issue 43: weaker on some hosts)."""
+    from river_edge.measure.sandbox import isolation
+
+    monkeypatch.setenv("RIVER_EDGE_CACHE", str(tmp_path / "cache"))
+    res = tmp_path / "he.jsonl"
+    s = E.run(tiny_llama, "humaneval", limit=1, configs=["backbone"], max_tokens=2, results=res)
+    assert s["sandbox"] == [isolation()]
+    assert json.loads(res.read_text().splitlines()[0])["sandbox"] == isolation()
+
+
 def test_plain_configs_are_the_files_bench_compares(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
     """eval's q8_0 is the file bench's tables call q8_0 (llama-quantize of the backbone, beside the river GGUF);
     of a GGUF without a river, llama-quantize of the file itself (this Q4_1 one requantized), in the cache. A
