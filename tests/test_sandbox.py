@@ -145,6 +145,21 @@ def test_no_handle_to_the_evaluators_stdout_or_environment(monkeypatch, capfd):
     assert "WRITTEN BY" not in out + err
 
 
+def test_it_cannot_rewrite_the_code_that_judges_it():
+    """The supervisor's own folder (and any other file the program's uid might own) is out of its reach."""
+    if not strong():
+        pytest.skip(f"weak isolation here: {S.isolation()}")
+    victim = S.HERE / "sandbox_planted.py"
+    prog = f"open({str(victim)!r}, 'w').write('planted')\n"
+    try:
+        ok, why = S.run_sandboxed(prog, timeout=5)
+        assert not ok and ("Read-only" in why or "Permission" in why), why
+    finally:
+        planted = victim.exists()
+        victim.unlink(missing_ok=True)
+        assert not planted
+
+
 def test_the_fallback_without_namespaces_still_judges(monkeypatch, shared):
     """RIVER_SANDBOX=none: no namespaces, as on a host that refuses unshare; named so in the record."""
     monkeypatch.setenv("RIVER_SANDBOX", "none")

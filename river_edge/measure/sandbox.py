@@ -3,17 +3,19 @@
 
 Isolation, the strongest this host permits (probed once per process; `isolation()` names it, and `river eval`
 records it):
-- `unshare` (util-linux) makes fresh PID, mount (a /proc of its own), network (loopback only, down), IPC and UTS
-  namespaces, as root, or inside a user namespace otherwise. The supervisor is their PID 1: the program cannot signal
-  it, cannot see the evaluator or any other process outside, and everything in the namespace dies with it; unshare
-  --kill-child ties PID 1 to unshare, which the evaluator kills if the supervisor overstays.
-- As root, the program runs as a uid of its own (random, per run): no capabilities, RLIMIT_NPROC counting every
-  process of that uid, and no access to root's files beyond what any user has. Otherwise it keeps the uid but loses
+- As root, `unshare` (util-linux) makes mount, network (loopback only, down), IPC and UTS namespaces; the program
+  runs as a uid of its own (random, per run: no capabilities, RLIMIT_NPROC over every process of that uid, kill(-1)
+  as that uid ends them all) and sees only its own processes in a fresh /proc (hidepid), keeping the host's PIDs.
+- Otherwise a user namespace with PID, mount, network, IPC and UTS namespaces: the supervisor is PID 1, which the
+  program cannot signal; it sees nothing outside, and everything in the namespace dies with PID 1 (tied to unshare
+  by --kill-child, which the evaluator kills if the supervisor overstays). The program keeps the uid but loses
   every capability (the bounding set, and securebits so that exec gives none back).
-- Without namespaces (a host that refuses unshare): the same uid rules, and the supervisor as a child subreaper. As
-  root the program still cannot kill the supervisor or read the evaluator's /proc; as another user it can (weak).
-Not isolated anywhere: the file system (the program may read and write what its uid may, under a 16 MiB file-size
-limit), nor the network where the host allows no network namespace; CPU time and memory are capped per process.
+- In a mount namespace every file system is read-only but the program's folder, /tmp, /var/tmp and /dev, so a
+  program that owns files cannot rewrite the code that judges it.
+- Without namespaces (a host that refuses unshare): the same uid rules, and the supervisor as a child subreaper
+  that counts and kills every process below it. Weak as the evaluator's uid (see README).
+Not isolated: reading files (what its uid may), writing to /tmp (16 MiB a file), the network where the host allows
+no network namespace; CPU time and memory are capped per process.
 
 The verdict: a checked program (`Checked`, HumanEval) runs its tests in the supervisor, not in the program; each
 call of the candidate crosses a socket as plain values (sandbox_wire), so nothing the program does to its own
@@ -95,14 +97,13 @@ class Mode:
 
     def describe(self) -> str:
         ns = [f.removeprefix("--").removesuffix("-proc") for f in self.unshare if f in NAMESPACES]
-        where = f"namespaces ({', '.join(ns)}) by unshare" if ns else "no namespaces"
-        if self.own_uid and ns:
-            who = "a uid of its own, seeing only its own processes in /proc"
-        elif self.own_uid:
-            who = "a uid of its own"
+        where = (f"namespaces ({', '.join(ns)}) by unshare, files read-only but its folder, /tmp and /var/tmp"
+                 if ns else "no namespaces")
+        if self.own_uid:
+            who = "a uid of its own" + (", seeing only its own processes in /proc" if ns else "")
         else:
             who = "the evaluator's uid, no capabilities" if os.geteuid() or "user" in ns else "root, no capabilities"
-        weak = "" if "--pid" in self.unshare or self.own_uid else "; it can see and signal the evaluator (weak)"
+        weak = "" if ns or self.own_uid else "; it can see and signal the evaluator and write its files (weak)"
         return f"{where}; the program as {who}{weak}"
 
 

@@ -61,6 +61,34 @@ def expose_python(workdir):
         mount(None, prefix, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
 
 
+WRITABLE = ("/tmp", "/var/tmp", "/dev")   # besides the program's folder: scratch space, and /dev/null
+
+
+def _mounts():
+    with open("/proc/self/mountinfo") as f:   # field 5 is the mount point, octal escapes for spaces
+        return [ln.split()[4].encode().decode("unicode_escape") for ln in f]
+
+
+def readonly_host(workdir):
+    """Every mount read-only in our namespace but the program's folder and WRITABLE: a program that owns files
+    (root without capabilities, or the evaluator's uid) cannot rewrite the code that judges it, nor any other."""
+    keep = [workdir] + [p for p in WRITABLE if os.path.isdir(p)]
+    for p in keep:
+        mount(p, p, None, MS_BIND | MS_REC)   # a mount of their own, left writable below
+    keep = tuple(os.path.realpath(p) for p in keep) + ("/proc",)
+    for m in reversed(_mounts()):
+        if any(m == k or m.startswith(k.rstrip("/") + "/") for k in keep):
+            continue
+        f = os.statvfs(m).f_flag
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | (f & (MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048))
+        flags |= (1 << 21) if f & 4096 else 0   # ST_RELATIME is MS_RELATIME: kept, as a user namespace requires
+        try:
+            mount(None, m, None, flags)
+        except OSError:
+            if m == "/":
+                raise
+
+
 def drop_privileges(uid):
     """The program's own uid (other users' processes, ours included, are out of its reach), or, with no other uid
     to take, no capabilities now or after exec."""
@@ -233,6 +261,8 @@ def main():
         os.chown(job["workdir"], job["uid"], job["uid"])
     if job["mountns"]:   # our own mount namespace (unshare --mount): nothing here reaches the host's mounts
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible,subset=pid")
+    if job["mountns"] or job["pidns"]:   # --mount-proc made one too
+        readonly_host(job["workdir"])
         if job["uid"] is not None:
             expose_python(job["workdir"])
     mine = theirs = None
