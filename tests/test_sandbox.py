@@ -74,8 +74,9 @@ def test_right_passes_and_wrong_fails():
     "import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\ndef add_one(x):\n    return 0\n",
     "import sys\nsys.exit(0)\ndef add_one(x):\n    return 0\n",
     # a forged verdict on every descriptor it holds, and on the supervisor's stdout through /proc
-    "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'[\"l\", [\"ok\", 2]]\\n')\n    except OSError:\n"
-    "        pass\nfor fd in range(8):\n    try:\n        open('/proc/%d/fd/%d' % (os.getppid(), fd), 'w').write("
+    "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'[\"l\", [\"ok\", 2]]\\n')\n"
+    "    except OSError:\n        pass\nfor fd in range(8):\n    try:\n"
+    "        open('/proc/%d/fd/%d' % (os.getppid(), fd), 'w').write("
     "'{\"state\": \"ended\", \"code\": 0, \"passed\": true, \"why\": null}')\n    except OSError:\n        pass\n"
     "def add_one(x):\n    return 0\n",
 ])

@@ -141,6 +141,10 @@ def start(job, chan):
         os._exit(127)
 
 
+class Raised(Exception):
+    """The solution raised this (its type and message, as the program reported them)."""
+
+
 def tester(job, chan, result):
     """The tests, run here against the program's answers: the prompt's own helpers (from the data set, not the
     model) and the test's check(), given a candidate that asks the program."""
@@ -158,7 +162,7 @@ def tester(job, chan, result):
             raise EOFError("the program ended before its tests finished")
         tag, value = wire_loads(line)
         if tag != "ok":
-            raise RuntimeError(str(value)[:200])
+            raise Raised(str(value)[:200])
         return value
     try:
         ns = {"__name__": "__check__"}
@@ -168,9 +172,11 @@ def tester(job, chan, result):
         ns["check"](candidate)
         result["passed"] = True
     except BaseException as e:   # noqa: BLE001 - any failure of the tests is the verdict
-        result["why"] = f"{type(e).__name__}: {e}"[:300] if str(e) else type(e).__name__
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        result["why"] = str(e) if isinstance(e, Raised) else why[:300]
+        result["eof"] = isinstance(e, EOFError)
     finally:
-        result["done"] = True
+        result["done"] = time.monotonic()
         try:
             chan.shutdown(socket.SHUT_RDWR)   # the program's serve loop ends
         except OSError:
@@ -208,7 +214,7 @@ def count(job):
     return n
 
 
-def kill_all(job, pid):
+def kill_all(job, pid, reaped):
     if job["pidns"]:   # PID 1: kill(-1) reaches every process of the namespace but us
         targets = lambda: os.kill(-1, signal.SIGKILL)  # noqa: E731
     elif job["uid"] is not None:
@@ -238,11 +244,19 @@ def kill_all(job, pid):
         except (ProcessLookupError, PermissionError):
             pass
         try:
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
+            reap(reaped)
         except ChildProcessError:
             return
         time.sleep(0.01)
+
+
+def reap(reaped):
+    """Collect every exited child's status (orphans included); ChildProcessError when none is left."""
+    while True:
+        p, st = os.waitpid(-1, os.WNOHANG)
+        if not p:
+            return
+        reaped[p] = st
 
 
 def main():
@@ -269,30 +283,26 @@ def main():
     if job["check"]:
         mine, theirs = socket.socketpair()
     pid = start(job, theirs)
-    result = {"done": False, "passed": False}
+    result = {"done": 0.0, "passed": False}
     if theirs is not None:
         theirs.close()
         threading.Thread(target=tester, args=(job, mine, result), daemon=True).start()
-    status, state = None, "timeout"
+    reaped, state = {}, "timeout"
     while time.monotonic() < deadline:
         try:
-            while True:
-                p, st = os.waitpid(-1, os.WNOHANG)
-                if not p:
-                    break
-                if p == pid:
-                    status = st
+            reap(reaped)
         except ChildProcessError:
             pass
-        if result["done"] or (status is not None and not job["check"]):
+        ended = result["done"] and (pid in reaped or not result.get("eof") or time.monotonic() > result["done"] + 0.5)
+        if ended or (pid in reaped and not job["check"]):   # after EOF, the program's exit status is awaited
             state = "ended"
             break
         if count(job) >= job["nproc"]:   # at RLIMIT_NPROC's cap (a fork bomb spins there), or past it (root's)
             state = "nproc"
             break
         time.sleep(0.01)
-    kill_all(job, pid)
-    code = os.waitstatus_to_exitcode(status) if status is not None else None
+    kill_all(job, pid, reaped)   # the program's own status too, if it ended as the tests did
+    code = os.waitstatus_to_exitcode(reaped[pid]) if pid in reaped else None
     verdict.write(json.dumps({"state": state, "code": code, "passed": result["passed"], "why": result.get("why")}))
     verdict.flush()
 
