@@ -181,6 +181,9 @@ def _run(program: str | Checked, timeout: float, mem_mb: int, mode: Mode) -> tup
             os.killpg(sup.pid, 9)   # unshare, whose death kills PID 1 and so the namespace (--kill-child)
             raw = b"{}"
             sup.wait()
+            if job["uid"] is not None:   # as root: every process of the program's uid
+                subprocess.run([sys.executable, "-I", str(INIT), "--kill-uid", str(job["uid"])], timeout=60,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         out, err = _tail(Path(tmp) / "stdout"), _tail(Path(tmp) / "stderr")
     try:
         v = json.loads(raw)
