@@ -139,3 +139,8 @@ def test_the_cost_gate_decodes_plainly_where_drafts_cannot_pay():
     for _ in range(40):
         c.judged(0, 1)                         # every draft rejected: plain again
     assert c.best_k(8) == 0
+    for _ in range(40):
+        c.judged(4, 0)
+    assert c.best_k(8) > 0
+    c.observe("per_token", 0.0105)             # the cycles' own wall time per token says it does not pay
+    assert c.best_k(8) == 0

@@ -39,7 +39,8 @@ def bench(
     mode: Annotated[Optional[str], typer.Option(
         "--mode", "-m", show_default=False,
         help="Benchmark decoding modes instead: a comma list of exact, gated, river, fast, backbone; exact with "
-             "other drafters (exact:ngram prompt lookup, exact:ngram-cache, exact:river+ngram, exact:draft a separate "
+             "other drafters (exact:ngram prompt lookup, exact:ngram-cache, exact:river+ngram, exact:head a trimmed LM "
+             "head, exact:draft a separate "
              "draft model); "
              "plain q8_0, q4_k_m, q4_0 (llama-quantize of the backbone, written beside the river GGUF) and shipped "
              "(the file the river was built from, for the offline models); sync (every layer's exit check, no exit: "

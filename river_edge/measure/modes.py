@@ -36,7 +36,7 @@ from river_edge.measure.probe import in_fresh_process, load_avg, peak_rss
 from river_edge.progress import no_progress
 from river_edge.tokenizer import Tokenizer
 
-SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:draft")   # exact mode with other drafters
+SPEC = ("exact:ngram", "exact:ngram-cache", "exact:river+ngram", "exact:head", "exact:draft")   # other drafters
 SYNC = ("sync",)   # the rule checking every layer and never exiting: the cost of the exit decisions
 LAGGED = ("river:lagged",)   # the rule on the previous step's scores: no sync inside the graph
 # exact mode verifying on the batched kernels (no batch invariance, patches/0013; the near-tie guard instead)

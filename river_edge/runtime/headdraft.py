@@ -73,6 +73,7 @@ class Clock:
 
     def __init__(self):
         self.step = self.draft = None
+        self.per_token = None   # a drafting cycle's wall time per emitted token, overheads and all
         self.n_step = 0
         self.head: dict[int, float] = {}
         self.acc = [1.6, 0.4]   # decayed [accepted, rejected] drafts: prior 0.8 worth 2 drafts
@@ -114,6 +115,8 @@ class Clock:
             return 0
         if self.draft is None or not self.head:
             return min(4, kmax)
+        if self.per_token is not None and self.per_token > 0.98 * self.step:
+            return 0   # what the cycles really cost per token, not the model of it, says drafting does not pay
         a = min(self.acceptance, 0.999)
         best, best_s = 0, 1.0
         for k in range(1, kmax + 1):
@@ -166,9 +169,11 @@ class HeadDraft:
         dec.keep_hidden(True)
         try:
             while n < n_ctx:
-                c = Cycle(n, k=self.choose_k(spec, st, n_ctx - n))
+                t0, c = time.perf_counter(), Cycle(n, k=self.choose_k(spec, st, n_ctx - n))
                 self.draft(c, pending) if c.k else self.plain(c, pending)
                 dec.accept([pending] + c.out[:-1], n)
+                # a cycle's whole cost, Python and all: what the gate compares (a plain step's, a draft's per token)
+                self.clock.observe("per_token" if c.k else "step", (time.perf_counter() - t0) / len(c.out))
                 for i, tok in enumerate(c.out):   # settle: emit in order; a stop keeps the tokens before it
                     if stop is not None and stop(dec.history(n + i + 1), c.rows[i]):
                         dec.cut(n + 1 + i)
@@ -201,13 +206,11 @@ class HeadDraft:
         """One step on the full head (the trimmed head off): backbone decoding itself."""
         if self.head.ids.size:
             self.head.off()
-        t0 = time.perf_counter()
         row = self.dec.decode([pending], c.pos)[0]
-        self.clock.observe("step", time.perf_counter() - t0)
         c.rows, c.out = row[None], [int(row.argmax())]
         self.idle += self.clock.draft is not None
         if self.idle >= IDLE:    # try drafting again: acceptance or costs may have changed
-            self.idle, self.clock.acc, self.clock.draft = 0, [1.6, 0.4], None
+            self.idle, self.clock.acc, self.clock.draft, self.clock.per_token = 0, [1.6, 0.4], None, None
 
     def draft(self, c: Cycle, pending: int) -> None:
         """k body steps on the trimmed head, each step's head input kept; then verify and accept."""
