@@ -9,7 +9,8 @@ first that is not, the full head's token is emitted and the body steps after it 
 A token the trimmed head missed joins its rows.
 
 Cost gate: S(k) = E(k, a) t_step / (k t_draft + t_head(k)), with E(k, a) = (1 - a^k) / (1 - a) tokens per cycle for
-a per-token acceptance a, from timings of this call's own steps. Where no k gives S > 1 the loop decodes plainly
+a per-token acceptance a, from timings of the drafter's own steps (kept across calls), and the cycles' measured wall
+time per token against a plain step's. Where no k gives S > 1 the loop decodes plainly
 (full head, one token per step) and tries again after IDLE tokens. Greedy only: with sampling, logits processors or
 penalties the request goes to the backbone alone.
 """
@@ -142,7 +143,8 @@ class HeadDraft:
     source, free, needs_river = "head", False, False
 
     def __init__(self, dec):
-        self.dec, self.n_rows, self.head = dec, None, None
+        # the clock outlives a call: where drafting does not pay, later calls start plain instead of probing again
+        self.dec, self.n_rows, self.head, self.clock = dec, None, None, Clock()
 
     def run(self, spec, tokens: list[int], kw: dict, me: int, base_generate):
         """Greedy text without logits processors or penalties; else the backbone alone (stats' spec_off says why)."""
@@ -165,7 +167,7 @@ class HeadDraft:
         if stop is not None and stop(dec.history(n), row):
             return
         yield pending
-        self.clock, self.idle, self.trimmed, self.prompt, self.st = Clock(), 0, True, tokens, st
+        self.idle, self.trimmed, self.prompt, self.st = 0, True, tokens, st
         dec.keep_hidden(True)
         try:
             while n < n_ctx:
