@@ -142,5 +142,6 @@ def test_the_cost_gate_decodes_plainly_where_drafts_cannot_pay():
     for _ in range(40):
         c.judged(4, 0)
     assert c.best_k(8) > 0
-    c.observe("per_token", 0.0105)             # the cycles' own wall time per token says it does not pay
+    for _ in range(8):
+        c.cycle(4, 0.042, 4)                   # the cycles' own wall time per token says it does not pay
     assert c.best_k(8) == 0

@@ -74,7 +74,7 @@ class Clock:
 
     def __init__(self):
         self.step = self.draft = None
-        self.per_token = None   # a drafting cycle's wall time per emitted token, overheads and all
+        self.cycles = [0.0, 0.0]   # drafting cycles' decayed [wall seconds, tokens emitted], overheads and all
         self.n_step = 0
         self.head: dict[int, float] = {}
         self.acc = [1.6, 0.4]   # decayed [accepted, rejected] drafts: prior 0.8 worth 2 drafts
@@ -89,6 +89,14 @@ class Clock:
         else:
             setattr(self, what, self._ema(getattr(self, what), seconds))
             self.n_step += what == "step"
+
+    def cycle(self, k: int, seconds: float, tokens: int) -> None:
+        """A whole cycle's wall time: a plain step's (k = 0), or a drafting cycle's into decayed sums, so that one
+        unlucky cycle (a draft rejected early) weighs as its tokens do, not as a rate of its own."""
+        if k == 0:
+            self.observe("step", seconds)
+        else:
+            self.cycles = [0.95 * self.cycles[0] + seconds, 0.95 * self.cycles[1] + tokens]
 
     def judged(self, agreed: int, rejected: int) -> None:
         self.acc = [0.9 * self.acc[0] + agreed, 0.9 * self.acc[1] + rejected]
@@ -116,7 +124,7 @@ class Clock:
             return 0
         if self.draft is None or not self.head:
             return min(4, kmax)
-        if self.per_token is not None and self.per_token > 0.98 * self.step:
+        if self.cycles[1] >= 16 and self.cycles[0] / self.cycles[1] > 0.98 * self.step:
             return 0   # what the cycles really cost per token, not the model of it, says drafting does not pay
         a = min(self.acceptance, 0.999)
         best, best_s = 0, 1.0
@@ -175,7 +183,7 @@ class HeadDraft:
                 self.draft(c, pending) if c.k else self.plain(c, pending)
                 dec.accept([pending] + c.out[:-1], n)
                 # a cycle's whole cost, Python and all: what the gate compares (a plain step's, a draft's per token)
-                self.clock.observe("per_token" if c.k else "step", (time.perf_counter() - t0) / len(c.out))
+                self.clock.cycle(c.k, time.perf_counter() - t0, len(c.out))
                 for i, tok in enumerate(c.out):   # settle: emit in order; a stop keeps the tokens before it
                     if stop is not None and stop(dec.history(n + i + 1), c.rows[i]):
                         dec.cut(n + 1 + i)
@@ -212,7 +220,7 @@ class HeadDraft:
         c.rows, c.out = row[None], [int(row.argmax())]
         self.idle += self.clock.draft is not None
         if self.idle >= IDLE:    # try drafting again: acceptance or costs may have changed
-            self.idle, self.clock.acc, self.clock.draft, self.clock.per_token = 0, [1.6, 0.4], None, None
+            self.idle, self.clock.acc, self.clock.draft, self.clock.cycles = 0, [1.6, 0.4], None, [0.0, 0.0]
 
     def draft(self, c: Cycle, pending: int) -> None:
         """k body steps on the trimmed head, each step's head input kept; then verify and accept."""
