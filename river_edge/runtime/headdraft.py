@@ -153,6 +153,7 @@ class HeadDraft:
     def __init__(self, dec):
         # the clock outlives a call: where drafting does not pay, later calls start plain instead of probing again
         self.dec, self.n_rows, self.head, self.clock = dec, None, None, Clock()
+        self.idle_limit = IDLE   # doubles after each try that did not pay (up to 16x), back to IDLE when one does
 
     def run(self, spec, tokens: list[int], kw: dict, me: int, base_generate):
         """Greedy text without logits processors or penalties; else the backbone alone (stats' spec_off says why)."""
@@ -219,8 +220,9 @@ class HeadDraft:
         row = self.dec.decode([pending], c.pos)[0]
         c.rows, c.out = row[None], [int(row.argmax())]
         self.idle += self.clock.draft is not None
-        if self.idle >= IDLE:    # try drafting again: acceptance or costs may have changed
-            self.idle, self.clock.acc, self.clock.draft, self.clock.cycles = 0, [1.6, 0.4], None, [0.0, 0.0]
+        if self.idle >= self.idle_limit:    # try drafting again: acceptance or costs may have changed
+            self.idle, self.idle_limit = 0, min(2 * self.idle_limit, 16 * IDLE)
+            self.clock.acc, self.clock.draft, self.clock.cycles = [1.6, 0.4], None, [0.0, 0.0]
 
     def draft(self, c: Cycle, pending: int) -> None:
         """k body steps on the trimmed head, each step's head input kept; then verify and accept."""
@@ -252,6 +254,8 @@ class HeadDraft:
             j += 1
         c.out = batch[1:j + 1] + ([int(g[j])] if j < c.k else [])
         self.clock.judged(j, int(j < c.k))
+        if self.clock.cycles[1] >= 16 and self.clock.best_k(KMAX):
+            self.idle_limit = IDLE   # measured, drafting pays: a later plain spell tries again soon
         self.st.cycle("head", c.k, c.k, j)
         if j < c.k and self.head.missed(int(g[j])):
             self.head.apply(self.prompt)
