@@ -70,7 +70,8 @@ class TrimmedHead:
 
 
 class Clock:
-    """Running costs of this call's steps (seconds): a plain step, a draft step, the head over k rows."""
+    """Running costs (seconds) of the drafter's own steps, kept across calls: a plain step, a draft step, the head
+    over k rows, the drafting cycles' wall time, and the running acceptance."""
 
     def __init__(self):
         self.step = self.draft = None
