@@ -63,16 +63,16 @@ class Decoder:
         return self.llm.n_batch
 
     @property
-    def batch_invariant(self) -> bool:
+    def verify_invariant(self) -> bool:
         """Verification batches run on ggml's reference kernels (RiverLlama.verify_invariant; a stock model: no)."""
         return bool(getattr(self.llm, "verify_invariant", False))
 
     def verify(self, toks, pos: int, invariant: bool | None = None) -> np.ndarray:
         """Decode a verification batch at positions pos..: every row's logits (a view). `invariant` (by default the
-        model's `batch_invariant`): this batch alone runs on ggml's reference kernels (patches/0013), so each row gets
+        model's `verify_invariant`): this batch alone runs on ggml's reference kernels (patches/0013), so each row gets
         the bits of decoding it alone; the prompt and one-token steps keep the stock kernels."""
         if invariant is None:
-            invariant = self.batch_invariant
+            invariant = self.verify_invariant
         if not invariant:
             return self.decode(toks, pos, True)
         llm = self.llm
