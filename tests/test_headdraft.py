@@ -145,3 +145,33 @@ def test_the_cost_gate_decodes_plainly_where_drafts_cannot_pay():
     for _ in range(8):
         c.cycle(4, 0.042, 4)                   # the cycles' own wall time per token says it does not pay
     assert c.best_k(8) == 0
+
+
+def test_the_cost_gate_sizes_the_trimmed_head_by_measured_coverage():
+    """More rows where the verified text needed them (acceptance gained is worth the rows' cost), fewer where every
+    size held it; a size set by hand is never changed."""
+    from river_edge.runtime.headdraft import Clock, row_sizes
+    assert row_sizes(262144) == (8192, 16384, 32768, 65536) and row_sizes(5000) == (4096,)
+    c = Clock()
+    for what, sec in (("step", 0.010), ("step", 0.010), ("draft", 0.006)):
+        c.observe(what, sec)
+    for k in (1, 2, 4, 8):
+        c.observe("head", 0.002 + 0.0005 * k, k)
+    n_vocab, cur = 262144, 16384   # the step's 4 ms over the draft's: 245,760 rows left out
+    assert c.best_rows(cur, n_vocab, {8192: 0.70, 16384: 0.80, 32768: 0.97, 65536: 0.975}, 8) == 32768
+    assert c.best_rows(cur, n_vocab, {8192: 0.999, 16384: 0.999, 32768: 0.999, 65536: 0.999}, 8) == 8192
+    assert c.best_rows(cur, n_vocab, {8192: 0.80, 16384: 0.801, 32768: 0.802, 65536: 0.803}, 8) == cur  # < 2%
+
+
+def test_the_trimmed_head_counts_what_each_size_would_have_held(tiny_qwen2_base):
+    from river_edge.runtime.headdraft import TrimmedHead
+    llm = _llm(tiny_qwen2_base)
+    dec = llm.decoder
+    ranking = np.arange(dec.n_vocab)[::-1].copy()     # the last id first
+    h = TrimmedHead(dec, ranking, 2, sizes=(2, 4))
+    assert h.apply([7])                                # the prompt's token 7: held at every size
+    h.observe([dec.n_vocab - 1, dec.n_vocab - 3, 7, 0])
+    cov = h.coverage()
+    assert cov[2] == pytest.approx((0.995 ** 3 + 0.995 + 1.6) / (sum(0.995 ** i for i in range(4)) + 2), rel=1e-9)
+    assert cov[4] > cov[2]
+    dec.set_head_rows([])

@@ -27,21 +27,46 @@ from river_edge.runtime.sampling import Transform
 KMAX = 8
 IDLE = 64            # plain tokens between tries where drafting did not pay
 MISSES = 16          # missed tokens gathered before the trimmed head is rebuilt with them
+RESIZE = 128         # verified tokens between reconsiderations of the trimmed head's size
 
 
 def head_rows(n_vocab: int) -> int:
-    """Rows of the trimmed head: 1/16 of the vocabulary, at least 4096 (the model's own text needs a few thousand)."""
+    """Rows of the trimmed head to start with: 1/16 of the vocabulary, at least 4096 (the model's own text needs a
+    few thousand)."""
     return min(n_vocab, max(4096, n_vocab // 16))
+
+
+def row_sizes(n_vocab: int) -> tuple[int, ...]:
+    """The sizes the cost gate chooses among: 1/32 to 1/4 of the vocabulary, at least 4096 rows."""
+    return tuple(sorted({min(n_vocab, max(4096, n_vocab // d)) for d in (32, 16, 8, 4)}))
 
 
 class TrimmedHead:
     """The trimmed head's rows on one context: a ranking's first n ids, the request's own tokens and past misses."""
 
-    def __init__(self, dec, ranking: np.ndarray, n_rows: int):
+    def __init__(self, dec, ranking: np.ndarray, n_rows: int, sizes=None):
         self.dec, self.ranking, self.n_rows = dec, np.asarray(ranking, dtype=np.int32), int(n_rows)
         self.extra: list[int] = []
         self.ids = np.zeros(0, dtype=np.int32)
         self.mask = np.zeros(dec.n_vocab, dtype=bool)
+        self.always = np.zeros(dec.n_vocab, dtype=bool)      # the request's prompt and past misses: in at any size
+        self.place = np.empty(dec.n_vocab, dtype=np.int64)   # each id's place in the ranking
+        self.place[self.ranking] = np.arange(len(self.ranking))
+        self.sizes = np.array(sizes or row_sizes(dec.n_vocab))   # the sizes whose coverage is counted
+        self.seen = np.zeros((len(self.sizes), 2))           # decayed [verified tokens a size holds, all of them]
+
+    def observe(self, toks) -> None:
+        """Verified tokens (the full head's argmaxes, each in its true context): which sizes would have held them,
+        so the acceptance of a size not in use is known too (FR-Spec's coverage, measured on this request's text)."""
+        for t in toks:
+            held = self.always[t] | (self.place[t] < self.sizes)
+            self.seen *= 0.995
+            self.seen[:, 0] += held
+            self.seen[:, 1] += 1
+
+    def coverage(self) -> dict[int, float]:
+        """Each size's share of the verified tokens it held (prior 0.8 worth two tokens)."""
+        return {int(n): (h + 1.6) / (t + 2.0) for n, (h, t) in zip(self.sizes, self.seen)}
 
     def apply(self, more=()) -> bool:
         """Set the rows (the ranking's head, then `more` and earlier misses); False where the head cannot be
@@ -54,6 +79,8 @@ class TrimmedHead:
         self.ids = ids
         self.mask[:] = False
         self.mask[ids] = True
+        self.always[:] = False
+        self.always[ids[min(self.n_rows, len(self.ranking)):]] = True
         return True
 
     def missed(self, tok: int) -> bool:
@@ -127,13 +154,27 @@ class Clock:
             return min(4, kmax)
         if self.cycles[1] >= 16 and self.cycles[0] / self.cycles[1] > 0.98 * self.step:
             return 0   # what the cycles really cost per token, not the model of it, says drafting does not pay
-        a = min(self.acceptance, 0.999)
+        return self.speedup(self.acceptance, self.draft, kmax)[0]
+
+    def speedup(self, a: float, draft: float, kmax: int) -> tuple[int, float]:
+        """(k, S(k)) of the best k for acceptance a and a draft step's cost; (0, 1.0) where none beats a plain step."""
+        a = min(a, 0.999)
         best, best_s = 0, 1.0
         for k in range(1, kmax + 1):
-            s = (1 - a ** k) / (1 - a) * self.step / (k * self.draft + self.head_cost(k))
+            s = (1 - a ** k) / (1 - a) * self.step / (k * draft + self.head_cost(k))
             if s > best_s:
                 best, best_s = k, s
-        return best
+        return best, best_s
+
+    def best_rows(self, n_rows: int, n_vocab: int, coverage: dict[int, float], kmax: int) -> int:
+        """The trimmed head's size with the best modelled S: a size's acceptance is its measured coverage, its draft
+        step the measured one plus or minus its rows' share of what the full head adds to a plain step."""
+        if self.draft is None or self.step is None or not self.head:
+            return n_rows
+        per_row = max(self.step - self.draft, 0.0) / max(n_vocab - n_rows, 1)
+        s = {n: self.speedup(a, self.draft + (n - n_rows) * per_row, kmax)[1] for n, a in coverage.items()}
+        best = max(s, key=s.get)
+        return best if s[best] > 1.02 * s.get(n_rows, 1.0) else n_rows   # 2% or more, else stay (a resize costs)
 
 
 @dataclass
@@ -147,7 +188,8 @@ class Cycle:
 
 class HeadDraft:
     """The head drafter (DRAFTERS["head"]): its own cycle, draft -> verify -> accept -> settle, so exact mode runs
-    `run` instead of the backbone-batch loop. `n_rows`: the trimmed head's size (None: head_rows of the vocabulary)."""
+    `run` instead of the backbone-batch loop. `n_rows`: the trimmed head's size (None: chosen by the cost gate among
+    row_sizes, from head_rows at first)."""
 
     source, free, needs_river = "head", False, False
 
@@ -164,9 +206,8 @@ class HeadDraft:
         if why:
             yield from base_generate(tokens, **kw)
             return
-        n_rows = self.n_rows or head_rows(self.dec.n_vocab)
-        if self.head is None or self.head.n_rows != n_rows:
-            self.head = TrimmedHead(self.dec, load_or_build(spec.llm), n_rows)
+        if self.head is None or (self.n_rows and self.head.n_rows != self.n_rows):
+            self.head = TrimmedHead(self.dec, load_or_build(spec.llm), self.n_rows or head_rows(self.dec.n_vocab))
         yield from self._cycles(spec, tokens, kw, me)
 
     def _cycles(self, spec, tokens, kw, me):
@@ -177,7 +218,7 @@ class HeadDraft:
         if stop is not None and stop(dec.history(n), row):
             return
         yield pending
-        self.idle, self.trimmed, self.prompt, self.st = 0, True, tokens, st
+        self.idle, self.trimmed, self.prompt, self.st, self.verified = 0, True, tokens, st, 0
         dec.keep_hidden(True)
         try:
             while n < n_ctx:
@@ -255,11 +296,27 @@ class HeadDraft:
             j += 1
         c.out = batch[1:j + 1] + ([int(g[j])] if j < c.k else [])
         self.clock.judged(j, int(j < c.k))
+        self.head.observe(c.out)
+        self.verified += len(c.out)
         if self.clock.cycles[1] >= 16 and self.clock.best_k(KMAX):
             self.idle_limit = IDLE   # measured, drafting pays: a later plain spell tries again soon
         self.st.cycle("head", c.k, c.k, j)
         if j < c.k and self.head.missed(int(g[j])):
             self.head.apply(self.prompt)
+        if self.verified >= RESIZE and self.n_rows is None:   # a size set by hand stays
+            self.verified = 0
+            self.resize()
+
+    def resize(self) -> None:
+        """The size the cost gate prefers, from the coverage each size would have had on the verified text."""
+        h, clock = self.head, self.clock
+        n = clock.best_rows(h.n_rows, self.dec.n_vocab, h.coverage(), KMAX)
+        if n != h.n_rows:
+            old, h.n_rows = h.n_rows, n
+            clock.draft += (n - old) * max(clock.step - clock.draft, 0.0) / max(self.dec.n_vocab - old, 1)
+            a = h.coverage()[n]
+            clock.acc = [10 * a, 10 * (1 - a)]
+            h.apply(self.prompt)
 
     def report(self, st) -> None:
         h = self.head
