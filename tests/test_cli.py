@@ -512,6 +512,22 @@ def test_a_model_name_means_its_river_gguf_everywhere(runner, monkeypatch, tiny_
     assert asked == ["qwen2.5-coder-0.5b"] and "exact" in r.output
 
 
+def test_a_model_name_needs_no_river_where_the_mode_needs_none(runner, monkeypatch, tiny_llama_base):
+    """Backbone mode, and exact mode with a drafter that drafts without a river, chat on the model's shipped file:
+    prepared, never built into a river GGUF. Exact mode's default drafter (the river) still builds one."""
+    prepared, built = [], []
+    monkeypatch.setattr(zoo, "prepare", lambda name, progress=None: prepared.append(name) or Path(tiny_llama_base))
+    monkeypatch.setattr(D, "default_river", lambda progress=None, model=zoo.DEFAULT_MODEL: built.append(model) or
+                        Path(tiny_llama_base))
+    for extra in (["--mode", "exact", "--drafter", "ngram"], ["--mode", "exact", "--drafter", "head"],
+                  ["--mode", "backbone"], ["--no-river"]):
+        run(runner, "chat", "gemma3-270m", "-p", "hi", "-n", "2", "--ctx", "64", *extra)
+    assert prepared == ["gemma3-270m"] * 4 and built == []
+    run(runner, "chat", "gemma3-270m", "-p", "hi", "-n", "2", "--ctx", "64", "--mode", "exact", "--drafter", "river",
+        code=1)   # the river drafter on a file without a river: refused, after the river GGUF was asked for
+    assert built == ["gemma3-270m"]
+
+
 def test_ctrl_c_exits_130_quietly_and_cleans_up(runner, monkeypatch, tiny_llama_base, tmp_path):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

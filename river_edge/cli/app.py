@@ -200,19 +200,32 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
     pass
 
 
-def model_path(model: Optional[str], bars) -> Path:
+def model_path(model: Optional[str], bars, river: bool = True) -> Path:
     """MODEL as given (a GGUF), or a zoo model's name: its river GGUF, as `river bench` takes it (built and calibrated
-    into the cache once); None: the default model's."""
+    into the cache once); None: the default model's. river False (a mode or drafter that needs no river): a name
+    stands for the model's shipped file itself, prepared on first use, and nothing is built."""
     from river_edge.defaults import default_river
 
-    if model is None:
-        return default_river(bars)
-    if not Path(model).expanduser().exists() and model in zoo.MODELS:
-        return default_river(bars, model=model)
+    if model is None or (not Path(model).expanduser().exists() and model in zoo.MODELS):
+        name = model or zoo.DEFAULT_MODEL
+        return default_river(bars, model=name) if river else zoo.prepare(name, bars)
     path = Path(model).expanduser()
     if not path.is_file():
         raise RiverError(f"{model}: no such file" + (" (a folder)" if path.is_dir() else ""))
     return path
+
+
+def needs_river(mode: Optional[str], drafter: Optional[str], river: bool = True) -> bool:
+    """Whether a chat in this mode needs a river GGUF: not for backbone mode, nor for exact mode with a drafter that
+    drafts without one (n-gram, the head, a draft model GGUF)."""
+    if not river or mode == "backbone":
+        return False
+    if mode == "exact" and drafter is not None:
+        from river_edge.runtime.drafters import DRAFTERS   # spares `river --help` llama_cpp
+
+        known = DRAFTERS.get(drafter.lower())
+        return known.needs_river if known is not None else not drafter.endswith(".gguf")
+    return True
 
 
 Mode = Enum("Mode", {m: m for m in F.MODES}, type=str)
@@ -220,7 +233,8 @@ Decide = Enum("Decide", {d: d for d in F.DECISIONS}, type=str)
 ModelArg = Annotated[Optional[str], typer.Argument(
     metavar="MODEL", show_default=False,
     help="A GGUF (river or plain), or a model name from `river models`: its river GGUF, built and calibrated "
-         "into the cache once. Default: SmolLM2-135M-Instruct's.")]
+         "into the cache once (its shipped file itself for backbone mode and for exact mode with a drafter that "
+         "needs no river). Default: SmolLM2-135M-Instruct's.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, max=F.MAX_THREADS,
                                                 show_default="llama.cpp's", help="CPU threads.")]
 Ctx = Annotated[int, typer.Option("--ctx", min=64, max=F.MAX_CTX, help="Context length in tokens.")]
