@@ -127,6 +127,16 @@ LOSSLESS_MODES = ("exact", "backbone")   # their text is the stock runtime's on 
 DEFAULT_MODE = {"library": "river", "serve": "exact"}
 
 
+def split_mode(config: str) -> tuple[str, str]:
+    """The one reading of `mode[:variant]` (exact:ngram: exact mode drafting by prompt lookup; river:lagged: the rule
+    decided a step late): (mode, variant, "" for none). The mode is one of MODES; which variants run is the engine's
+    to say."""
+    mode, _, variant = str(config).partition(":")
+    if mode not in MODES:
+        raise RiverError(f"unknown mode {mode!r} in {config!r}: use one of {', '.join(MODES)}")
+    return mode, variant
+
+
 def default_mode(has_river: bool, front: str = "library") -> str:
     return DEFAULT_MODE[front] if has_river else "backbone"
 

@@ -195,9 +195,9 @@ class Decoder:
         llm = self.llm
         return float(llm._river.llama_model_river_gate(llm._model.model))
 
-    def enable_river(self) -> None:
+    def enable_river(self, on: bool = True) -> None:
         llm = self.llm
-        llm._river.llama_river_set_enabled(llm._ctx.ctx, True)
+        llm._river.llama_river_set_enabled(llm._ctx.ctx, on)
 
     def decode_threads(self, on: bool) -> None:
         """Drafts and verification batches are decoding, so they run on the decode threads. llama.cpp gives any
