@@ -9,7 +9,7 @@
   layer skipping the river's teacher-forced agreement with the backbone with its 1, 2, 4, 7 most similar layers
                  skipped (PyTorch reference), priced at the measured draft cost scaled by the bytes still read
 
-    .venv/bin/python bench/levers.py --model qwen2.5-coder-1.5b --out bench/results/hosts/amd-epyc-zen4
+    .venv/bin/python -m bench.levers --model qwen2.5-coder-1.5b --out bench/results/hosts/amd-epyc-zen4
 
 One process; costs from exact mode's own cost model in that process. Writes levers_<model>.json (host named).
 """
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-import replay as LV   # bench/replay.py
+from bench import replay as LV
 from river_edge.measure.bench import DEFAULT_THREADS
 from river_edge.measure.files import packaged_prompts
 from river_edge.host import host

@@ -386,9 +386,9 @@ class RiverLlama(llama_cpp.Llama):
         return np.array(buf, dtype=np.float32)
 
     def mean_depth(self) -> float:
-        """Mean backbone layers per ubatch since the last reset (n_layer: pure backbone)."""
+        """Mean backbone layers per ubatch since the last reset (n_layer: pure backbone; the river off counts none)."""
         h = self.exit_histogram()
-        return F.mean_depth(h)
+        return F.mean_depth(h, empty=0.0 if self.river_enabled else self.n_layer)
 
     def decision_seconds(self) -> float:
         lib, ctx = self._need_river()
