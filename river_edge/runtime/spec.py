@@ -36,7 +36,6 @@ import secrets
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable
 
 import llama_cpp
 
@@ -45,11 +44,11 @@ from river_edge.format import RiverError
 from river_edge.runtime.capi import runtime_is_patched
 from river_edge.runtime.costs import CostModel, cached, probe
 from river_edge.runtime.drafters import resolve
-from river_edge.runtime.exact import DRAFT_STOP, Cycle, ExactCall
+from river_edge.runtime.exact import Cycle, ExactCall
 from river_edge.runtime.gated import gated
+from river_edge.settings import SETTINGS, Guarded
 
 DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
-KMAX = 8
 
 
 @dataclass
@@ -88,15 +87,21 @@ class Stats:
 
 
 class Spec:
-    """The mode machinery of one RiverLlama."""
+    """The mode machinery of one RiverLlama. Its options (settings.py declares each: default, bound, help) are
+    checked as they are set: `gate`, and exact mode's `kmax`, `draft_k` (or a callable drawing k per cycle: tests
+    sweep k with it, as bench/levers.py fixes it) and `draft_stop`."""
 
-    def __init__(self, llm, mode: str | None, gate: float | None, kmax: int = KMAX):
+    gate = Guarded(SETTINGS["gate"])
+    kmax = Guarded(SETTINGS["kmax"])
+    draft_k = Guarded(SETTINGS["draft_k"], lambda spec: (spec.kmax,))
+    draft_stop = Guarded(SETTINGS["draft_stop"])
+
+    def __init__(self, llm, mode: str | None, gate: float | None):
         # weakly: llm.decoding -> Spec -> llm would keep the weights and KV cache alive until a full gc pass
         self._llm = weakref.ref(llm)
         self.dec = llm.decoder   # the model as the modes see it (decoder.py)
-        self.kmax = int(kmax)
         self._mode = F.default_mode(llm.has_river)
-        self.gate = F.check_gate(gate) if gate is not None else self.stored_gate()
+        self.gate = gate if gate is not None else self.stored_gate()
         self.st = Stats(mode=self._mode)
         # per draft source: decayed [accepted, rejected] counts, the running acceptance the cost model reads
         self.acceptance_counts: dict[str, list[float]] = {}
@@ -106,12 +111,8 @@ class Spec:
         self.drafter_name, self.active_drafter = resolve("river" if llm.has_river else "ngram", llm)
         self.draft_gguf = None
         self.zero_run = 0   # cycles since the cost model last chose to draft (exact.py)
-        # draft exactly this many per cycle instead of the cost model's k (or a callable drawing k per cycle:
-        # tests sweep k with it, as bench/levers.py fixes it)
-        self.draft_k: int | Callable[[], int] | None = None
         # when a list, every cycle appends (top-1 probability of each draft, drafts judged, drafts agreed)
         self.draft_log: list | None = None
-        self.draft_stop: float | None = DRAFT_STOP   # None: draft the cost model's k whatever the confidence
         self._cost_model: CostModel | None = None
         self._epoch, self._streams = 0, weakref.WeakSet()   # stream ownership (owns(), below)
         self._threads_on = False
@@ -134,8 +135,7 @@ class Spec:
     @mode.setter
     def mode(self, m: str) -> None:
         """The mode's river settings, without a cache check each: RiverLlama's mode setter makes the one check."""
-        if m not in F.MODES:
-            raise RiverError(f"unknown mode {m!r}: use one of {', '.join(F.MODES)}")
+        F.check_mode(m)
         llm = self.llm
         if m not in F.LOSSLESS_MODES and not llm.has_river:
             raise RiverError(f"mode {m!r} needs a river GGUF; {llm.model_path} has no river tensors")
