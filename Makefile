@@ -88,13 +88,13 @@ demo: setup
 # Every measurement behind the README's Results section (resumable; hours on 2 cores), then the section
 # itself. `make results LIMIT=2` is a smoke run into /tmp/river-results (minutes); EVAL_LIMIT caps problems.
 results: setup
-	$(PY) bench/results.py run $(if $(LIMIT),--limit $(LIMIT) --out /tmp/river-results) $(if $(EVAL_LIMIT),--eval-limit $(EVAL_LIMIT))
+	$(PY) -m bench.steps run $(if $(LIMIT),--limit $(LIMIT) --out /tmp/river-results) $(if $(EVAL_LIMIT),--eval-limit $(EVAL_LIMIT))
 
 # Only the results pages (the README's headline block, docs/results.md's section, the plots) from bench/results/*.json,
 # the new records' builds matched to their patch series first (bench/builds.py); no measurement runs.
 results-report: setup
-	$(PY) bench/builds.py
-	$(PY) bench/results.py report
+	$(PY) -m bench.builds
+	$(PY) -m bench.steps report
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,7 +1,7 @@
 """Which patch series each benchmark JSON ran on: its build (host.runtime.build, patches/build.py's series hash)
 matched to the commit of patches/ that hashes to it, written to bench/results/builds.json for the results pages.
 
-    .venv/bin/python bench/builds.py     # walks git history of patches/ for builds not matched yet (`make results` runs it)
+    .venv/bin/python -m bench.builds     # walks git history of patches/ for builds not matched yet (`make results` runs it)
 
 The hash covers the series, the CMake flags, Python's minor version and the compilers' --version lines, so a
 commit matches only where those equal this machine's (the hosts of these records shared one image); a build no

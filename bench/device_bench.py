@@ -102,7 +102,7 @@ def host_share(llm, tokens: int) -> dict:
 def projection(cost: dict | None, acceptance: float | None) -> dict:
     """Exact mode's speed over the backbone's from the measured costs at acceptance a: the k exact mode itself
     would choose (runtime/costs.py, through levers.iid_rate)."""
-    from replay import iid_rate
+    from bench.replay import iid_rate
 
     if not cost or acceptance is None:
         return {}
@@ -112,8 +112,8 @@ def projection(cost: dict | None, acceptance: float | None) -> dict:
 
 def section(folder: Path) -> list[str]:
     """The device check's JSON (bench/device_check.py): each model at its shape, on the GPU and the CPU."""
-    from river_edge.measure.records import load
-    from report import _modes
+    from bench.recorded import load
+    from bench.report import _modes
 
     if not (d := load(folder, "device_check")):
         return []

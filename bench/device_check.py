@@ -17,7 +17,7 @@ weights is carried beside it, and the cost model turns the two into the exact mo
 thresholds are set so its mean exit depth is the real model's. The PyTorch reference is not run there.
 
 `run` writes $OUT/device_check.json (probe, runtime, tests, benchmarks per device and thread count, the host-side
-share of an exact cycle) and $OUT/device_check.log; `python bench/results.py report` renders a
+share of an exact cycle) and $OUT/device_check.log; `python -m bench.steps report` renders a
 device_check.json found in bench/results/hosts/NAME/ as that host's tables. On a machine without a GPU `run`
 rehearses everything but the CUDA parts (and says so in the JSON).
 """
@@ -222,10 +222,10 @@ def main(argv=None) -> int:
             res["tests"] = {"skipped": "no GPU (nvidia-smi found none)"}
         (args.out / "device_check.json").write_text(json.dumps(res, indent=1))
         # the benchmarks import the installed runtime: a child with the site on its path
-        env = child_env()
+        # the tree's root after the site, for bench.* (its river_edge/ lacks the installed subpackages: the site's
+        # comes first); run as a file, not -m, which would put the working directory's river_edge/ first
+        env = dict(child_env(), PYTHONPATH=f"{BUNDLE / 'site'}{os.pathsep}{ROOT}")
         left = args.budget - (time.monotonic() - t0)
-        # a script: its own folder (bench/) first on the path, not the working directory (river_edge/ there lacks
-        # the installed subpackages)
         r = subprocess.run([sys.executable, str(ROOT / "bench" / "device_bench.py"), "--out", str(args.out),
                             "--models", args.models, "--threads", args.threads, "--budget", str(left),
                             "--tokens", str(args.tokens), "--shapes", str(BUNDLE / "shapes.json"),

@@ -3,13 +3,13 @@
   draft length   exact mode drafting kmax every cycle logs each draft's top-1 probability and the backbone's
                  verdict; replayed under fixed k, each request's own best k, "stop after a draft below confidence
                  tau", and a tree that rescues every rejection (the ceiling of tree verification at the best k)
-  the built stop exact mode with its confidence stop (runtime/exact.py DRAFT_STOP) against without, alternating
+  the built stop exact mode with its confidence stop (settings.py's draft_stop) against without, alternating
   weight types   one-token decoding of llama-quantize recipes of the backbone (q2_k .. q8_0), alternating: what
                  a draft step of a river of that type would cost here (a per-layer mix costs in between)
   layer skipping the river's teacher-forced agreement with the backbone with its 1, 2, 4, 7 most similar layers
                  skipped (PyTorch reference), priced at the measured draft cost scaled by the bytes still read
 
-    .venv/bin/python bench/levers.py --model qwen2.5-coder-1.5b --out bench/results/hosts/amd-epyc-zen4
+    .venv/bin/python -m bench.levers --model qwen2.5-coder-1.5b --out bench/results/hosts/amd-epyc-zen4
 
 One process; costs from exact mode's own cost model in that process. Writes levers_<model>.json (host named).
 """
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-import replay as LV   # bench/replay.py
+from bench import replay as LV
 from river_edge.measure.bench import DEFAULT_THREADS
 from river_edge.measure.files import packaged_prompts
 from river_edge.host import host
@@ -56,11 +56,11 @@ def draft_log(path: Path, prompts: list[str], tokens: int, threads: int) -> tupl
 
 
 def ab_stop(path: Path, prompts: list[str], tokens: int, threads: int, rounds: int) -> dict:
-    """Exact mode with its confidence stop (DRAFT_STOP) against without, alternating on one model: decode tok/s of
+    """Exact mode with its confidence stop (draft_stop) against without, alternating on one model: decode tok/s of
     each, their paired ratio, and whether both wrote the same text."""
     from river_edge.measure.harness import alternate, paired, timed_greedy
     from river_edge.runtime.llama import RiverLlama
-    from river_edge.runtime.exact import DRAFT_STOP
+    from river_edge.settings import SETTINGS
     from river_edge.tokenizer import Tokenizer
     chats = [Tokenizer(path).chat(t) for t in prompts]
     llm = RiverLlama(str(path), mode="exact", n_ctx=max(map(len, chats)) + tokens + 16, n_threads=threads,
@@ -68,7 +68,7 @@ def ab_stop(path: Path, prompts: list[str], tokens: int, threads: int, rounds: i
     cfgs = ["stop", "no stop"]
 
     def run(c, i):
-        llm.decoding.draft_stop = DRAFT_STOP if c == "stop" else None
+        llm.decoding.draft_stop = SETTINGS["draft_stop"].default if c == "stop" else None
         toks, tok_s, _ = timed_greedy(llm, chats[i], tokens)
         return toks, tok_s
 
@@ -76,7 +76,7 @@ def ab_stop(path: Path, prompts: list[str], tokens: int, threads: int, rounds: i
     rows = alternate(cfgs, list(range(len(chats))), run, rounds=rounds)
     vals = [{c: r["results"][c][1] for c in cfgs} for r in rows]
     _, med, ci = paired(vals, "stop", ref="no stop")
-    return {"draft_stop": DRAFT_STOP, "rounds": rounds, "tokens": tokens, "prompts": len(chats),
+    return {"draft_stop": SETTINGS["draft_stop"].default, "rounds": rounds, "tokens": tokens, "prompts": len(chats),
             "tok_s": {c: sorted(v[c] for v in vals)[len(vals) // 2] for c in cfgs},
             "ratio": med, "ratio_ci95": ci,
             "same_text": sum(r["results"]["stop"][0] == r["results"]["no stop"][0] for r in rows), "runs": len(rows)}

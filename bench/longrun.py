@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batched import batch_context   # bench/, beside this module
+from bench.batched import batch_context
 from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.host import host
@@ -69,8 +69,9 @@ def _summary(kl: list[float], agree: list[bool], window: int) -> dict:
 
 
 def _depth(hist: np.ndarray) -> float:
-    """Mean backbone layers per step: hist[e + 1] counts exits after layer e."""
-    return F.mean_depth(hist)
+    """Mean backbone layers per step: hist[e + 1] counts exits after layer e; an empty one (backbone mode: the river
+    off, no exit decided) is every layer (hist has n_layer + 1 entries)."""
+    return F.mean_depth(hist, empty=len(hist) - 1)
 
 
 def _open(river_path, n_ctx: int, threads: int, thresholds):

@@ -7,7 +7,7 @@
   draft-model    classic speculative decoding: a smaller model of the same tokenizer drafts k tokens
                  greedily (its own KV cache, prefix reused), llama-cpp-python verifies
 
-    .venv/bin/python bench/spec_compare.py --river ~/.cache/river-edge/rivers/qwen2.5-coder-1.5b.river.gguf \
+    .venv/bin/python -m bench.spec_compare --river ~/.cache/river-edge/rivers/qwen2.5-coder-1.5b.river.gguf \
         --draft ~/.cache/river-edge/models/qwen2.5-coder-0.5b.gguf --name qwen2.5-coder-1.5b
 
 One process, every configuration on the same prompt in a rotating order each round; ratios are medians over
@@ -18,7 +18,7 @@ distinct prompts (the four above, then packaged calibration prompts) each config
 for, one configuration loaded at a time: text_spec_compare_<name>.json. `--parting TEXT_JSON` then says, for each
 prompt where exact parts from the stock backbone there, which side moved (parting_<name>.json beside it):
 
-    GGML_CPU_VARIANT=zen4 .venv/bin/python bench/spec_compare.py --river ... --draft ... --name qwen2.5-coder-1.5b \
+    GGML_CPU_VARIANT=zen4 .venv/bin/python -m bench.spec_compare --river ... --draft ... --name qwen2.5-coder-1.5b \
         --parting bench/results/hosts/amd-epyc-zen4/text_spec_compare_qwen2.5-coder-1.5b.json
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from river_edge.gguf_tools.writer import write_text
 from river_edge.host import host, placement
 from river_edge.measure.harness import rotation, timed_greedy
 from river_edge.measure.plots import save
-from river_edge.measure.records import cpu_words
+from bench.recorded import cpu_words
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = [

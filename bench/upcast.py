@@ -10,7 +10,7 @@ import numpy as np
 from river_edge.gguf_tools.build import to_f32
 from river_edge.gguf_tools.reader import ggml_shape, n_dims, open_gguf
 
-from river_edge.measure.records import QWEN, QWEN15, SMOL, load
+from bench.recorded import QWEN, QWEN15, SMOL, load
 
 F16_TINY = float(np.finfo(np.float16).tiny)   # below it F16 is subnormal: fewer bits than 2^-11 relative
 

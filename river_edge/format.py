@@ -106,6 +106,13 @@ def _layer(v, what: str, lo: int, hi: int) -> int:
     return int(v)
 
 
+def check_nonnegative(v, what: str) -> float:
+    x = _number(v, what)
+    if not x >= 0.0:   # (NaN too)
+        raise RiverError(f"{what} {x} out of range: a number >= 0")
+    return x
+
+
 def check_min_exit_layer(v, n_layer: int, what: str = "min exit layer") -> int:
     return _layer(v, what, 0, n_layer - 1)
 
@@ -125,6 +132,22 @@ LOSSLESS_MODES = ("exact", "backbone")   # their text is the stock runtime's on 
 # rule: river); `river serve` runs exact mode, because an API client asks for the model's text and exact mode is that
 # text. A GGUF without a river runs as the stock model (backbone) everywhere.
 DEFAULT_MODE = {"library": "river", "serve": "exact"}
+
+
+def check_mode(m) -> str:
+    if m not in MODES:
+        raise RiverError(f"unknown mode {m!r}: use one of {', '.join(MODES)}")
+    return m
+
+
+def split_mode(config: str) -> tuple[str, str]:
+    """The one reading of `mode[:variant]` (exact:ngram: exact mode drafting by prompt lookup; river:lagged: the rule
+    decided a step late): (mode, variant, "" for none). The mode is one of MODES; which variants run is the engine's
+    to say."""
+    mode, _, variant = str(config).partition(":")
+    if mode not in MODES:
+        raise RiverError(f"unknown mode {mode!r} in {config!r}: use one of {', '.join(MODES)}")
+    return mode, variant
 
 
 def default_mode(has_river: bool, front: str = "library") -> str:

@@ -8,14 +8,10 @@ no biases, per-head q/k norms (as Qwen3-0.6B).
 """
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-
-# bench/'s modules (the report writers, the studies, the device check) import as bench/'s scripts import them
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from river_edge.gguf_tools.build import build_river
 from river_edge.gguf_tools.tiny import write_tiny_model

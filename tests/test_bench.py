@@ -239,6 +239,27 @@ def test_decode_follows_the_models_own_greedy_tokens(river_copy):
     assert got == want[1:] and len(set(got)) > 1
 
 
+def test_backbone_is_the_river_off_in_both_engines(river_copy):
+    """One meaning of "backbone": the laptop bench's configuration and the mode bench's mode both run the river GGUF
+    with the river off (the stock graph), and each mode[:variant] sets what its variant names."""
+    from river_edge.measure import modes as M
+
+    m = B._load(river_copy, 128, 1)
+    B._apply(m, B.Config("backbone", "river"))
+    laptop = m.river_enabled
+    m.river_enabled = True
+    M.configure(m, "backbone")
+    assert not laptop and not m.river_enabled and m.mode == "backbone"
+    M.configure(m, "river:lagged")
+    assert m.river_enabled and (m.mode, m.decide) == ("river", "lagged")
+    M.configure(m, "exact:ngram")
+    assert (m.mode, m.drafter, m.decide, m.batch_invariant) == ("exact", "ngram", "sync", True)
+    M.configure(m, "exact:no-invariance")
+    assert (m.drafter, m.batch_invariant) == ("river", False)
+    with pytest.raises(RiverError, match="unknown mode 'turbo' in 'turbo:x'"):
+        M.configure(m, "turbo:x")
+
+
 def test_a_users_file_named_like_a_plain_file_is_neither_used_nor_replaced(river_copy, tiny_llama_base, runner, tmp_path):
     """A user's base GGUF named m.backbone.gguf, built into m.river.gguf: bench derived its plain files over it
     (the build's input replaced by an F16 upcast). Now it is refused by name, the file untouched; the files bench

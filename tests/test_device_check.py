@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import device_bench as D   # bench/device_bench.py
+from bench import device_bench as D
 
 
 def test_shape_model_has_the_shape(tmp_path):

@@ -248,7 +248,7 @@ def test_a_river_llama_is_freed_with_its_last_reference(tiny_llama, tiny_llama_b
     finally:
         gc.enable()
     m = _llm(tiny_llama, "exact", drafter=str(tiny_llama_base))
-    dm = m.decoding.draft_model
+    dm = m.decoding.draft_gguf
     assert dm is not None and dm.llm._stack._exit_callbacks
     m.close()
-    assert m.decoding.draft_model is None and not dm.llm._stack._exit_callbacks
+    assert m.decoding.draft_gguf is None and not dm.llm._stack._exit_callbacks

@@ -339,7 +339,7 @@ def test_eval_errors(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
 
 
 def test_rescore_reads_the_stored_answers_again(tiny_llama, data, tmp_path):
-    """bench/results.py rescore: a summary's GSM8K accuracy from its rows' completions by today's extraction."""
+    """bench/steps.py rescore: a summary's GSM8K accuracy from its rows' completions by today's extraction."""
     res = tmp_path / "r.jsonl"
     s = E.run(tiny_llama, "gsm8k", limit=2, configs=["backbone"], max_tokens=4, data=data, results=res)
     rows = E.read_results(res)

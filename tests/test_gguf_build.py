@@ -77,9 +77,9 @@ def test_f16_backbone_is_the_source_upcast(fixture, request):
 
 @pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen2"])
 def test_upcast_report_counts_the_weights_the_f16_backbone_moved(fixture, request):
-    """measure/upcast.py (the docs' "how close the backbone is to the shipped file") counts exactly the weights
+    """bench/upcast.py (the docs' "how close the backbone is to the shipped file") counts exactly the weights
     whose value in the built F16 backbone differs from the source's, each within F16's rounding."""
-    from upcast import run   # bench/upcast.py
+    from bench.upcast import run
 
     src, dst = tensors(request.getfixturevalue(fixture + "_base")), tensors(request.getfixturevalue(fixture))
     moved = sum(int((f32(dst[n]) != f32(t)).sum()) for n, t in src.items() if len(t.shape) >= 2)

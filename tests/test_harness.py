@@ -57,3 +57,12 @@ def test_one_grammar_for_configuration_names():
         parse_configs(" , ", ["river"])
     with pytest.raises(RiverError, match="unknown configuration 'tau='"):   # a prefix alone is no value
         parse_configs("tau=", ["river"], tau)
+
+
+def test_one_reading_of_mode_and_variant():
+    from river_edge.format import RiverError, split_mode
+
+    assert split_mode("exact:river+ngram") == ("exact", "river+ngram")
+    assert split_mode("river:lagged") == ("river", "lagged") and split_mode("backbone") == ("backbone", "")
+    with pytest.raises(RiverError, match="unknown mode 'prompt-lookup'"):
+        split_mode("prompt-lookup:2")

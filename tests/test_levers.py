@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import replay as LV   # bench/replay.py
+from bench import replay as LV
 from river_edge.runtime.llama import RiverLlama
 
 # (top-1 probability of each draft, drafts judged, drafts accepted)

@@ -12,9 +12,8 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
+from bench import figures as P, longrun as LR  # noqa: E402
 from river_edge.runtime import capi  # noqa: E402
-import longrun as LR  # noqa: E402  (bench/longrun.py)
-from river_edge.measure import plots as P  # noqa: E402
 from river_edge.format import RiverError  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
@@ -38,7 +37,9 @@ def test_along_sequence(long):
     bb, fast = long["modes"]["backbone"], long["modes"]["fast"]
     for r in (bb, fast):
         assert len(r["kl"]) == len(r["agree"]) == N
-        assert sum(r["hist"]) == N  # one decision per decode step; the prefill is not counted
+        # one decision per decode step, the prefill not counted; backbone mode has the river off: none, every layer
+        assert sum(r["hist"]) == (0 if r is bb else N)
+        assert r["mean_depth"] == long["n_layer"] if r is bb else r["mean_depth"] == 0.0
         # windows cover the positions in order and average them
         assert [w["start"] for w in r["windows"]] == list(range(0, N, 8))
         for w in r["windows"]:

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-import quality as Q  # noqa: E402  (bench/quality.py)
+from bench import quality as Q
 from river_edge.format import RiverError  # noqa: E402
 from river_edge.gguf_tools.build import set_river_keys  # noqa: E402
 

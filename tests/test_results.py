@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import headline as H   # bench/
-import report as R
+from bench import headline as H, report as R
 
 
 def cfg(speed, kl, agree=0.9, **kw):
@@ -120,14 +119,14 @@ def test_speed_steps_go_to_the_folder_of_the_host_they_run_on(tmp_path):
 
 
 def test_make_results_routes_speed_steps_to_this_machines_folder(tmp_path, monkeypatch):
-    """bench/results.py run: a speed step goes to this machine's folder and is measured there even though the
+    """bench/steps.py run: a speed step goes to this machine's folder and is measured there even though the
     results folder holds another host's; an accuracy step stays in the results folder; a speed JSON another
     machine left in this machine's folder is measured again, one of this machine is not."""
     import importlib.util
 
     from river_edge import host as H_
 
-    spec = importlib.util.spec_from_file_location("results_script", R.__file__.replace("report.py", "results.py"))
+    spec = importlib.util.spec_from_file_location("steps_script", R.__file__.replace("report.py", "steps.py"))
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     here = {"cpu": {"model": "AMD EPYC", "isa": ["avx2"], "cpus": 2}, "runtime": {"cpu_variant": "zen4"}}
@@ -181,7 +180,7 @@ def test_as_host_runs_only_the_text_steps_into_that_hosts_folder(tmp_path, monke
     loaded, written into its folder and saying so; no speed step runs, nor the pass of a table it lacks."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("results_script", R.__file__.replace("report.py", "results.py"))
+    spec = importlib.util.spec_from_file_location("steps_script", R.__file__.replace("report.py", "steps.py"))
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     ran = []
@@ -212,7 +211,7 @@ def test_as_host_runs_only_the_text_steps_into_that_hosts_folder(tmp_path, monke
 def test_a_host_folder_shows_its_spec_compare_and_runtime_host(tmp_path):
     """spec_compare records its load as os.getloadavg() (a list) and the runtime benchmark under host: a host
     folder's sections name both (the report crashed on the list)."""
-    from river_edge.measure.records import host_line
+    from bench.recorded import host_line
 
     host = {"cpu": {"model": "EPYC", "isa": ["avx2"]}, "threads": 2, "loadavg_1_5_15": [0.75, 0, 0]}
     assert host_line({"host": host, "load_before": [1.234, 1.0, 1.0], "threads": 2}) == "host EPYC (avx2), 2 threads, load 1.23"
@@ -267,27 +266,27 @@ ROOT = Path(R.__file__).resolve().parent.parent
 
 def test_committed_pages_are_what_their_json_generates():
     """Drift: the README's headline block and docs/results.md's generated section, regenerated from the committed
-    bench/results/**/*.json (and builds.json) exactly as `bench/results.py report` writes them (plots aside), equal
+    bench/results/**/*.json (and builds.json) exactly as `bench/steps.py report` writes them (plots aside), equal
     the committed text. A figure edited by hand in either block, or a JSON changed without regenerating, fails here."""
     import difflib
 
-    from device_bench import section
+    from bench.device_bench import section
 
     page, front = (ROOT / "docs" / "results.md").read_text(), (ROOT / "README.md").read_text()
     new_page, new_front = R.pages(ROOT / "bench" / "results", page, front, "../bench/results", extra=section)
     for name, old, new in (("docs/results.md", page, new_page), ("README.md", front, new_front)):
         diff = "".join(list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), name, "regenerated"))[:40])
-        assert old == new, f"{name} drifted from its JSON; run `.venv/bin/python bench/results.py report`:\n{diff}"
+        assert old == new, f"{name} drifted from its JSON; run `.venv/bin/python -m bench.steps report`:\n{diff}"
 
 
 def test_every_recorded_build_is_matched_or_said_unmatched():
     """bench/results/builds.json answers for every build a JSON names (a new record needs `bench/builds.py`), and the
     tables' words for a build come from it: its series where matched, never a guess."""
-    import builds as B
+    from bench import builds as B
 
     doc = json.loads((ROOT / "bench" / "results" / "builds.json").read_text())
     unmatched = B.recorded() - set(doc["builds"]) - set(doc["not_identified"])
-    assert not unmatched, f"builds no entry answers for, {sorted(unmatched)}: run `.venv/bin/python bench/builds.py`"
+    assert not unmatched, f"builds no entry answers for, {sorted(unmatched)}: run `.venv/bin/python -m bench.builds`"
     known = {"a" * 16: {"commit": "c1", "patches": ["0001-x.patch", "0012-y.patch"]},
              "b" * 16: {"commit": "c2", "patches": ["0001-x.patch", B.INVARIANT]}}
     assert B.words("a" * 16, known) == f"build {'a' * 16} (the series of c1: patches 0001-0012, before 0013: batch invariance)"

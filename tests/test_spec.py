@@ -164,6 +164,7 @@ def test_modes_and_errors(model, tiny_llama_base):
     for m, e in (("fast", -1), ("river", None), ("backbone", llm.n_layer - 1), ("exact", llm.n_layer - 1)):
         llm.mode = m
         assert llm.mode == m and llm.forced_exit == e
+        assert llm.river_enabled == (m != "backbone")   # backbone: the river off, the stock graph
     assert RiverLlama(str(model), n_ctx=64).mode == "river"
     for m in ("gated", "river", "fast"):
         with pytest.raises(RiverError, match="needs a river"):

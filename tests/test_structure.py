@@ -221,6 +221,25 @@ def test_the_product_does_not_import_the_measurement_wing():
         {n.split(".")[-1] for n in graph if n.startswith("river_edge.measure.")}
 
 
+
+def test_bench_is_a_package_that_the_product_never_imports():
+    """bench/'s modules import each other as bench.NAME (run as `python -m bench.NAME`), never as bare names that
+    only resolve with bench/ itself on sys.path; river_edge imports nothing of bench."""
+    import ast
+
+    def imported(p: Path) -> list[tuple[int, str]]:
+        return [(node.lineno, n) for node in ast.walk(ast.parse(p.read_text()))
+                for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                          [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])]
+
+    siblings = {p.stem for p in (ROOT / "bench").glob("*.py")}
+    bare = [f"{p.name}:{i} {n}" for p in sorted((ROOT / "bench").glob("*.py")) for i, n in imported(p)
+            if n.split(".")[0] in siblings]
+    assert bare == []
+    product = [f"{p}:{i}" for p in sorted((ROOT / "river_edge").rglob("*.py")) for i, n in imported(p)
+               if n.split(".")[0] == "bench"]
+    assert product == []
+
 # what of a llama_cpp.Llama is private: reached by river_edge/runtime/decoder.py (the one seam) and llama.py alone
 PRIVATE = r"\._(?:ctx|model|batch|river|n_vocab|n_ctx|input_ids|requires_eval|seed|logits_all|init_sampler|spec)\b"
 

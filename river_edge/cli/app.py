@@ -25,6 +25,7 @@ from river_edge import __version__, format as F, zoo
 from river_edge.format import RiverError, RiverWarning
 from river_edge.gguf_tools.writer import check_not_input, check_output
 from river_edge.host import runtime
+from river_edge.settings import SETTINGS
 
 # Where ggml aborts (an rpc-server that went away mid-answer), its message line is the error; ggml would add a
 # debugger's backtrace of the whole process (tens of KB). RIVER_GGML_BACKTRACE=1 keeps it, for a bug report.
@@ -138,6 +139,15 @@ def rule(check):
         except RiverError as e:
             raise typer.BadParameter(str(e)) from None
     return callback
+
+
+def setting(name: str, *flags: str, before: str = "", **kw):
+    """A typer option declared by its river setting (settings.py): its help (after `before`, the verb's own words),
+    its default in words, and its rule as the callback where no model bound is needed (a choice of an Enum needs
+    none), so a bad value is a usage error with the line the setters and the loader give."""
+    s = SETTINGS[name]
+    kw.setdefault("show_default", s.shown if s.shown is not None else str(s.default) if s.default is not None else True)
+    return typer.Option(*flags, help=before + s.help, **kw)
 
 
 def existing(name: str) -> str:

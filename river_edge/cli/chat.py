@@ -8,9 +8,10 @@ import typer
 
 from river_edge import format as F
 from river_edge.chat import Chat, check_text, legend, load, terminal_lines
+from river_edge.settings import SETTINGS
 
 from .app import (CacheDir, Ctx, Decide, GpuLayers, Mode, ModelArg, Threads, check_rpc, command, fail, in_cache,
-                  model_path, needs_river, rule)
+                  model_path, needs_river, rule, setting)
 from .progress import Bars
 
 
@@ -19,23 +20,12 @@ from .progress import Bars
                  "printf 'hi\\n/stats\\n' | river chat")
 def chat(
     model: ModelArg = None,
-    tau: Annotated[Optional[float], typer.Option(
-        "--tau", callback=rule(lambda v: F.check_threshold(v, "tau")),
-        help="One exit threshold for every layer, over the GGUF's calibrated ones.")] = None,
+    tau: Annotated[Optional[float], setting("thresholds", "--tau", callback=rule(lambda v: F.check_threshold(v, "tau")),
+                                            show_default=False)] = None,
     no_river: Annotated[bool, typer.Option("--no-river", help="Run the backbone alone (no early exit).")] = False,
-    mode: Annotated[Optional[Mode], typer.Option(
-        "--mode", case_sensitive=False, show_default=f"{F.DEFAULT_MODE['library']} (backbone for a GGUF without a river)",
-        help="Decoding mode: exact (a drafter proposes, the backbone verifies: the stock runtime's text), gated "
-             "(backbone where the river is unsure), river (the exit rule), fast (all river), backbone.")] = None,
-    gate: Annotated[Optional[float], typer.Option(
-        "--gate", callback=rule(F.check_gate), show_default="the GGUF's river.gate_entropy",
-        help="Gated mode: re-decode on the backbone where the river's output entropy (nats) is at least this.")] = None,
-    drafter: Annotated[Optional[str], typer.Option(
-        "--drafter", show_default="river (ngram for a GGUF without a river)",
-        help="Exact mode's drafter: river, ngram (prompt lookup), ngram-cache, river+ngram, head (a trimmed LM head "
-             "drafts, the full head verifies k positions at once: greedy text), or a draft model's GGUF "
-             "(same vocabulary). The output is the stock runtime's whichever drafts; any GGUF runs exact mode with "
-             "a drafter that needs no river.")] = None,
+    mode: Annotated[Optional[Mode], setting("mode", "--mode", case_sensitive=False)] = None,
+    gate: Annotated[Optional[float], setting("gate", "--gate", callback=rule(SETTINGS["gate"]))] = None,
+    drafter: Annotated[Optional[str], setting("drafter", "--drafter")] = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
     prompt: Annotated[Optional[str], typer.Option(
         "--prompt", "-p", help="Answer this one message and exit (scripts, `make demo`).")] = None,
@@ -46,10 +36,7 @@ def chat(
     temp: Annotated[float, typer.Option("--temp", min=0.0, help="Sampling temperature (0: greedy).")] = 0.2,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     ctx: Ctx = 4096,
-    decide: Annotated[Optional[Decide], typer.Option(
-        "--decide", case_sensitive=False, show_default="sync",
-        help="River mode's exit decision: sync (the paper's rule, a read-back per checked layer) or lagged (the "
-             "rule on the previous token's scores, no sync inside a step: for GPUs and rpc-servers).")] = None,
+    decide: Annotated[Optional[Decide], setting("decide", "--decide", case_sensitive=False)] = None,
     flash_attn: Annotated[bool, typer.Option(
         "--flash-attn", help="Flash attention. From a context of 512 cells, ggml splits a lone row's attention "
                              "across threads and never a batch's, so exact mode's verification rows are no longer "

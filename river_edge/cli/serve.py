@@ -7,7 +7,7 @@ import typer
 
 from river_edge import format as F
 
-from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, in_cache, model_path, rule
+from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, in_cache, model_path, rule, setting
 from .progress import Bars
 
 
@@ -27,9 +27,10 @@ def _origins(values):
                  "model 'smollm2-135m.river:exact')\n\nriver serve model.river.gguf --mode gated --name mymodel")
 def serve(
     model: ModelArg = None,
-    mode: Annotated[Optional[Mode], typer.Option(
-        "--mode", case_sensitive=False, show_default=f"{F.DEFAULT_MODE['serve']} (backbone for a GGUF without a river)",
-        help="Mode of requests whose model names none; a request picks one with model NAME:MODE.")] = None,
+    mode: Annotated[Optional[Mode], setting(
+        "mode", "--mode", case_sensitive=False,
+        show_default=f"{F.DEFAULT_MODE['serve']} (backbone for a GGUF without a river)",
+        before="Mode of requests whose model names none; a request picks one with model NAME:MODE. ")] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8000,
     name: Annotated[Optional[str], typer.Option("--name", show_default="the file's name without .gguf",

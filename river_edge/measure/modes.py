@@ -5,10 +5,10 @@ Q4_0 made by llama-quantize from the F16 backbone, and the shipped file itself),
 (the path chat, completions and the server take), on the same chat prompts, in one process, the order
 rotating every round. Exact mode runs with each drafter through the same loop and cost model
 (`exact` the river, `exact:ngram` prompt lookup, `exact:ngram-cache`, `exact:river+ngram`, `exact:draft` a
-separate draft model). `sync` is the backbone with the exit rule's cosine read back at every exit-able layer and
-never exiting (every threshold 1.0): against `backbone`, what one exit decision costs (a device-to-host sync
-where layers run on a GPU or an rpc-server); `river:lagged` is the rule on the previous step's scores, which
-reads them once after each step instead. `offload` runs every configuration with layers on devices
+separate draft model). `backbone` is the river off (the stock graph). `sync` is the river with the exit rule's
+cosine read back at every exit-able layer and never exiting (every threshold 1.0): against `backbone`, what one exit
+decision costs (a device-to-host sync where layers run on a GPU or an rpc-server); `river:lagged` is the rule on the
+previous step's scores, which reads them once after each step instead. `offload` runs every configuration with layers on devices
 (n_gpu_layers, rpc_servers: river_edge/runtime/rpc.py).
 Per configuration: median over (round, prompt) of its tok/s divided by the backbone's tok/s of the same
 round and prompt, with a bootstrap 95% interval; rounds are added until every interval is within
@@ -49,6 +49,21 @@ QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1, memory=False)   # -
 
 def parse_modes(text: str) -> list[str]:
     return parse_configs(text, CONFIGS, kind="mode")
+
+
+def configure(llm, config: str, draft_gguf=None) -> None:
+    """One RiverLlama set to a configuration of the river GGUF (not a plain file), as timing and the memory probe
+    both run it: the mode of `mode[:variant]` (F.split_mode) and what the variant sets; `draft_gguf` drafts
+    exact:draft."""
+    if config == "sync":   # the per-layer sync rule (not a lagged one a config before left set)
+        llm.mode, llm.decide, llm.thresholds = "river", "sync", 1.0   # s > 1 never holds: all checked, none exits
+        return
+    mode, variant = F.split_mode(config)
+    llm.decide = "lagged" if config in LAGGED else "sync"
+    llm.batch_invariant = config not in NOINV
+    llm.mode = mode
+    if mode == "exact":   # the variant names the drafter, but for exact:no-invariance (the river)
+        llm.drafter = draft_gguf if variant == "draft" else "river" if config in NOINV or not variant else variant
 
 
 def draft_for(river_path: Path, draft: str | Path | None, progress=None) -> Path:
@@ -94,28 +109,19 @@ def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAUL
     if not llm.has_river:
         raise RiverError(f"{river_path}: the runtime sees no river in it (is the patched llama-cpp-python installed?)")
     plain = {q: load(files[q]) for q in cfgs if q in PLAIN_FILES}
-    drafter = {c: "river" if c in NOINV else (c.split(":") + ["river"])[1]
-               for c in cfgs if c.startswith("exact") and c != "exact:draft"}
-    if "draft" in files:
-        drafter["exact:draft"] = DraftModel(files["draft"], llm)
-
+    draft_gguf = DraftModel(files["draft"], llm) if "draft" in files else None
     tau = llm.thresholds
 
     def decode(c, p):
         if c in PLAIN_FILES:
             return timed_greedy(plain[c], p, tokens), {}
-        if c == "sync":   # the per-layer sync rule (not a lagged one a config before left set)
-            llm.mode, llm.decide, llm.thresholds = "river", "sync", 1.0   # s > 1 never holds: all checked, none exits
+        configure(llm, c, draft_gguf)
+        if c == "sync":
             try:
                 return timed_greedy(llm, p, tokens), {}
             finally:
                 llm.thresholds = tau
-        mode = c.split(":")[0]
-        llm.decide = "lagged" if c == "river:lagged" else "sync"
-        llm.batch_invariant = c not in NOINV
-        llm.mode = mode
-        if mode == "exact":
-            llm.drafter = drafter[c]
+        mode = llm.mode
         if mode == "river":
             llm.reset_stats()
         out = timed_greedy(llm, p, tokens)
@@ -208,17 +214,8 @@ def _memory_probe(arg: str) -> None:
     def load():
         m = RiverLlama(a["path"], n_ctx=a["n_ctx"], n_threads=a["threads"], n_threads_batch=a["threads"], seed=0,
                        flash_attn=a["flash_attn"])
-        mode, _, drafter = a["config"].partition(":")
-        if a["config"] == "sync":
-            m.mode, m.thresholds = "river", 1.0   # as decode() runs it
-        elif a["config"] not in PLAIN_FILES:
-            m.mode = mode
-            if drafter == "lagged":
-                m.decide = "lagged"
-            elif a["config"] in NOINV:
-                m.batch_invariant = False
-            elif drafter:
-                m.drafter = DraftModel(a["draft"], m) if drafter == "draft" else drafter
+        if a["config"] not in PLAIN_FILES:
+            configure(m, a["config"], DraftModel(a["draft"], m) if a["config"] == "exact:draft" else None)
         return m
     print(json.dumps(peak_rss(load, lambda m: timed_greedy(m, a["prompt"], 16))))
 

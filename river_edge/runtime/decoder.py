@@ -18,6 +18,7 @@ import numpy as np
 
 from river_edge import format as F
 from river_edge.format import RiverError
+from river_edge.settings import SETTINGS
 
 
 class Decoder:
@@ -185,7 +186,7 @@ class Decoder:
         if not self.has_river:
             return
         llm = self.llm
-        e = F.check_forced_exit(e, self.n_layer)
+        e = SETTINGS["forced_exit"](e, self.n_layer)
         rule = F.EXIT_LAGGED if getattr(llm, "_decide", "sync") == "lagged" else F.EXIT_RULE
         if llm._river.llama_river_set_forced_exit(llm._ctx.ctx, rule if e is None else e) != 0:
             raise RiverError(f"llama.cpp refused forced exit layer {e}")
@@ -195,9 +196,9 @@ class Decoder:
         llm = self.llm
         return float(llm._river.llama_model_river_gate(llm._model.model))
 
-    def enable_river(self) -> None:
+    def enable_river(self, on: bool = True) -> None:
         llm = self.llm
-        llm._river.llama_river_set_enabled(llm._ctx.ctx, True)
+        llm._river.llama_river_set_enabled(llm._ctx.ctx, on)
 
     def decode_threads(self, on: bool) -> None:
         """Drafts and verification batches are decoding, so they run on the decode threads. llama.cpp gives any

@@ -32,8 +32,8 @@ Exactness
 
 Choosing k: tokens per cycle E(k) = (1 - a^(k+1)) / (1 - a) for a per-token acceptance a (a decayed running
 estimate per drafter), cost(k) = k * draft_step + verify(k + 1); k = argmax E/cost over 0..kmax (costs.py). A
-cycle drafting with a model stops early after a draft whose top-1 probability is below DRAFT_STOP (that draft is
-still verified).
+cycle drafting with a model stops early after a draft whose top-1 probability is below draft_stop (settings.py: that
+draft is still verified).
 """
 from __future__ import annotations
 
@@ -48,9 +48,6 @@ from river_edge.runtime.drafters import Context, Draft, Offer
 from river_edge.runtime.sampling import Transform, agree, margin, processed_probs, scores, top1_prob
 
 PROBE_IDLE = 128          # tokens between probes where no acceptance could make drafting pay
-# a cycle stops drafting after a model draft whose top-1 probability is below this: on the 1.5B the backbone took
-# 64% of drafts below 0.5 and all 607 at 0.7 or more (bench/levers.py; docs/design.md, section 4)
-DRAFT_STOP = 0.5
 
 
 @dataclass

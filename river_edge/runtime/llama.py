@@ -24,24 +24,25 @@ from river_edge.runtime.decoder import Decoder
 from river_edge.runtime.inputs import check_grammar, check_tokens, token_cap
 from river_edge.runtime.rpc import connect
 from river_edge.runtime.spec import Spec  # decoding modes (river_edge/runtime/spec.py)
+from river_edge.settings import SETTINGS as S
 from river_edge.tokenizer import quiet_llama_logs
 
 
 class RiverLlama(llama_cpp.Llama):
     """A llama_cpp.Llama on a river GGUF (or any GGUF: without a river it is the stock model).
 
-    Keyword arguments are Llama's, plus `thresholds`, `min_exit_layer` and `forced_exit` overriding the GGUF's river
-    keys, `decide="lagged"` for the rule on the previous step's scores (docs/backends.md), `river=False` to run the
-    stock graph, `river_head=False` to draft with the backbone's LM head, `drafter` for exact mode (drafters.py; a
-    GGUF without a river drafts by prompt lookup), `extra_bufts=False` to keep every weight out of ggml's extra buffer
-    types (AMX, CPU_REPACK), `batch_invariant`, and `rpc_servers="host:port,..."` to offload layers (rpc.py)."""
+    Keyword arguments are Llama's, plus the river settings (settings.py declares each: default, bound, help):
+    `thresholds`, `min_exit_layer` and `forced_exit` over the GGUF's river keys, `mode`, `gate`, `decide` and
+    `drafter`; and `river=False` to run the stock graph, `river_head=False` to draft with the backbone's LM head,
+    `extra_bufts=False` to keep every weight out of ggml's extra buffer types (AMX, CPU_REPACK), `batch_invariant`,
+    and `rpc_servers="host:port,..."` to offload layers (rpc.py)."""
 
     def __new__(cls, model_path: str, *args, **kwargs):
         # Checked before the object exists: a half-made Llama fails again in its __del__.
         path = Path(model_path)
         if not path.is_file():
             raise RiverError(f"{path}: no such file")
-        F.check_decide(kwargs.get("decide", "sync"))
+        S["decide"](kwargs.get("decide", S["decide"].default))
         F.check_count(kwargs.get("n_ctx", 512), "n_ctx", 0, F.MAX_CTX)   # 0: the model's training context
         for k in [k for k in ("n_threads", "n_threads_batch") if kwargs.get(k) is not None]:
             F.check_count(kwargs[k], k, 1, F.MAX_THREADS)
@@ -58,8 +59,8 @@ class RiverLlama(llama_cpp.Llama):
     def __init__(self, model_path: str, *, thresholds: float | Sequence[float] | None = None,
                  min_exit_layer: int | None = None, forced_exit: int | None = None, river: bool = True,
                  river_head: bool = True, mode: str | None = None, gate: float | None = None,
-                 drafter: str | None = None, extra_bufts: bool = True, rpc_servers=None, decide: str = "sync",
-                 batch_invariant: bool | None = None, **kwargs):
+                 drafter: str | None = None, extra_bufts: bool = True, rpc_servers=None,
+                 decide: str = S["decide"].default, batch_invariant: bool | None = None, **kwargs):
         path = Path(model_path)
         self._decide = decide   # checked in __new__, before the Llama exists
         self._invariant = True if batch_invariant is None else bool(batch_invariant)
@@ -193,7 +194,7 @@ class RiverLlama(llama_cpp.Llama):
 
     @gate.setter
     def gate(self, g: float) -> None:
-        self.decoding.gate = F.check_gate(g)
+        self.decoding.gate = g   # (checked there)
         self._sync_cache()
 
     @property
@@ -299,7 +300,7 @@ class RiverLlama(llama_cpp.Llama):
     @thresholds.setter
     def thresholds(self, tau: float | Sequence[float]) -> None:
         lib, ctx = self._need_river()
-        tau = F.check_thresholds(tau, self.n_layer)
+        tau = S["thresholds"](tau, self.n_layer)
         if lib.llama_river_set_thresholds(ctx, (ctypes.c_float * len(tau))(*tau), len(tau)) != 0:
             raise RiverError("llama.cpp refused the thresholds")
         self._sync_cache()
@@ -312,7 +313,7 @@ class RiverLlama(llama_cpp.Llama):
     @min_exit_layer.setter
     def min_exit_layer(self, layer: int) -> None:
         lib, ctx = self._need_river()
-        if lib.llama_river_set_min_exit_layer(ctx, F.check_min_exit_layer(layer, self.n_layer)) != 0:
+        if lib.llama_river_set_min_exit_layer(ctx, S["min_exit_layer"](layer, self.n_layer)) != 0:
             raise RiverError(f"llama.cpp refused min exit layer {layer}")
         self._sync_cache()
 
@@ -344,7 +345,7 @@ class RiverLlama(llama_cpp.Llama):
 
     @decide.setter
     def decide(self, d: str) -> None:
-        self._decide = F.check_decide(d)
+        self._decide = S["decide"](d)
         if self.has_river and self.forced_exit is None:
             self.forced_exit = None   # the rule again, under the new decision
 
@@ -386,9 +387,8 @@ class RiverLlama(llama_cpp.Llama):
         return np.array(buf, dtype=np.float32)
 
     def mean_depth(self) -> float:
-        """Mean backbone layers per ubatch since the last reset (n_layer: pure backbone)."""
-        h = self.exit_histogram()
-        return F.mean_depth(h)
+        """Mean backbone layers per ubatch since the last reset (n_layer: pure backbone; the river off counts none)."""
+        return F.mean_depth(self.exit_histogram(), empty=0.0 if self.river_enabled else self.n_layer)
 
     def decision_seconds(self) -> float:
         lib, ctx = self._need_river()

@@ -1,7 +1,7 @@
 """River-Spec: decoding modes of a river GGUF (exact self-speculation, entropy-gated fast path).
 
 Modes (`RiverLlama(mode=...)`, or `llm.mode = ...`):
-  backbone  forced exit L-1: the backbone alone (the river graph skipping every river node)
+  backbone  the river off: the backbone alone, on the stock graph (the benchmarks' and `river eval`'s baseline)
   fast      forced exit -1: the river alone (all layers 4-bit, the backbone's embeddings, the river's LM
             head if the GGUF has one, else the backbone's)
   river     the paper's cosine rule (forced exit: none); the default for a river GGUF
@@ -36,7 +36,6 @@ import secrets
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable
 
 import llama_cpp
 
@@ -45,11 +44,11 @@ from river_edge.format import RiverError
 from river_edge.runtime.capi import runtime_is_patched
 from river_edge.runtime.costs import CostModel, cached, probe
 from river_edge.runtime.drafters import resolve
-from river_edge.runtime.exact import DRAFT_STOP, Cycle, ExactCall
+from river_edge.runtime.exact import Cycle, ExactCall
 from river_edge.runtime.gated import gated
+from river_edge.settings import SETTINGS, Guarded
 
 DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
-KMAX = 8
 
 
 @dataclass
@@ -88,29 +87,32 @@ class Stats:
 
 
 class Spec:
-    """The mode machinery of one RiverLlama."""
+    """The mode machinery of one RiverLlama. Its options (settings.py declares each: default, bound, help) are
+    checked as they are set: `gate`, and exact mode's `kmax`, `draft_k` (or a callable drawing k per cycle: tests
+    sweep k with it, as bench/levers.py fixes it) and `draft_stop`."""
 
-    def __init__(self, llm, mode: str | None, gate: float | None, kmax: int = KMAX):
+    gate = Guarded(SETTINGS["gate"])
+    kmax = Guarded(SETTINGS["kmax"])
+    draft_k = Guarded(SETTINGS["draft_k"], lambda spec: (spec.kmax,))
+    draft_stop = Guarded(SETTINGS["draft_stop"])
+
+    def __init__(self, llm, mode: str | None, gate: float | None):
         # weakly: llm.decoding -> Spec -> llm would keep the weights and KV cache alive until a full gc pass
         self._llm = weakref.ref(llm)
         self.dec = llm.decoder   # the model as the modes see it (decoder.py)
-        self.kmax = int(kmax)
         self._mode = F.default_mode(llm.has_river)
-        self.gate = F.check_gate(gate) if gate is not None else self.stored_gate()
+        self.gate = gate if gate is not None else self.stored_gate()
         self.st = Stats(mode=self._mode)
         # per draft source: decayed [accepted, rejected] counts, the running acceptance the cost model reads
         self.acceptance_counts: dict[str, list[float]] = {}
-        # who drafts in exact mode: a name in DRAFTERS or "model", the Drafter itself, and the separate draft model if
-        # any. A plain GGUF drafts by prompt lookup (no model step: nothing of the river is needed)
+        # who drafts in exact mode: a name in DRAFTERS or "model", the Drafter itself, and the separate draft GGUF if
+        # any (a DraftModel; named apart from llama-cpp-python's `draft_model`, a LlamaDraftModel, which turns exact
+        # mode's speculation off). A plain GGUF drafts by prompt lookup (no model step: nothing of the river is needed)
         self.drafter_name, self.active_drafter = resolve("river" if llm.has_river else "ngram", llm)
-        self.draft_model = None
+        self.draft_gguf = None
         self.zero_run = 0   # cycles since the cost model last chose to draft (exact.py)
-        # draft exactly this many per cycle instead of the cost model's k (or a callable drawing k per cycle:
-        # tests sweep k with it, as bench/levers.py fixes it)
-        self.draft_k: int | Callable[[], int] | None = None
         # when a list, every cycle appends (top-1 probability of each draft, drafts judged, drafts agreed)
         self.draft_log: list | None = None
-        self.draft_stop: float | None = DRAFT_STOP   # None: draft the cost model's k whatever the confidence
         self._cost_model: CostModel | None = None
         self._epoch, self._streams = 0, weakref.WeakSet()   # stream ownership (owns(), below)
         self._threads_on = False
@@ -133,15 +135,15 @@ class Spec:
     @mode.setter
     def mode(self, m: str) -> None:
         """The mode's river settings, without a cache check each: RiverLlama's mode setter makes the one check."""
-        if m not in F.MODES:
-            raise RiverError(f"unknown mode {m!r}: use one of {', '.join(F.MODES)}")
+        F.check_mode(m)
         llm = self.llm
         if m not in F.LOSSLESS_MODES and not llm.has_river:
             raise RiverError(f"mode {m!r} needs a river GGUF; {llm.model_path} has no river tensors")
         if m == "exact" and not runtime_is_patched():
             raise RiverError("exact mode needs river-edge's patched llama-cpp-python (run `make setup`); this one is stock")
         if llm.has_river:
-            self.dec.enable_river()
+            # backbone is the river off (the stock graph), as every benchmark's and `river eval`'s "backbone" runs it
+            self.dec.enable_river(m != "backbone")
             self.dec.force_exit({"river": None, "fast": -1}.get(m, llm.n_layer - 1))
         self._mode = m
         self.st = Stats(mode=m)
@@ -149,7 +151,7 @@ class Spec:
     # -- stats -----------------------------------------------------------------------------------
     @property
     def drafter(self) -> str:
-        dm = self.draft_model
+        dm = self.draft_gguf
         return (str(getattr(dm, "path", "")) or dm.source) if dm is not None else self.drafter_name
 
     @drafter.setter
@@ -158,16 +160,16 @@ class Spec:
         if getattr(draft, "needs_river", False) and not self.llm.has_river:
             raise RiverError(f"drafter {name!r} needs a river GGUF; {self.llm.model_path} has no river tensors")
         dm = draft if name == "model" else None
-        if dm is not self.draft_model:
+        if dm is not self.draft_gguf:
             self.close_draft()
-        self.drafter_name, self.active_drafter, self.draft_model = name, draft, dm
+        self.drafter_name, self.active_drafter, self.draft_gguf = name, draft, dm
         self._owns_draft = dm is not None and dm is not d   # loaded here from a path: closed here
 
     def close_draft(self) -> None:
         """Free a draft model this Spec loaded (one passed in as a DraftModel is its owner's to close)."""
-        if self.draft_model is not None and getattr(self, "_owns_draft", False):
-            self.draft_model.close()
-        self.draft_model, self._owns_draft = None, False
+        if self.draft_gguf is not None and getattr(self, "_owns_draft", False):
+            self.draft_gguf.close()
+        self.draft_gguf, self._owns_draft = None, False
 
     def acceptance_of(self, src: str = "river") -> float:
         A, R = self.acceptance_counts.get(src, (0.0, 0.0))

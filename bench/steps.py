@@ -1,13 +1,13 @@
 """Every measurement behind docs/results.md, and that page's generated section.
 
-    .venv/bin/python bench/results.py run       # all steps not yet done (resumable), then the report
-    .venv/bin/python bench/results.py run --limit 3 --out /tmp/smoke   # a smoke run: tiny sizes, minutes
-    .venv/bin/python bench/results.py report    # only regenerate docs/results.md + plots from bench/results/*.json
-    .venv/bin/python bench/results.py rescore   # GSM8K/MATH summaries re-read from their stored answers, then report
+    .venv/bin/python -m bench.steps run       # all steps not yet done (resumable), then the report
+    .venv/bin/python -m bench.steps run --limit 3 --out /tmp/smoke   # a smoke run: tiny sizes, minutes
+    .venv/bin/python -m bench.steps report    # only regenerate docs/results.md + plots from bench/results/*.json
+    .venv/bin/python -m bench.steps rescore   # GSM8K/MATH summaries re-read from their stored answers, then report
 
 `make results` runs the first. Each step writes one JSON into bench/results/ and is skipped when that file
 exists (`--redo STEP` runs it again); speed steps go to this machine's folder instead when bench/results/ holds
-another host's (bench/results/hosts/NAME/, records.host_folder); the accuracy evaluation also resumes per problem (JSONL in
+another host's (bench/results/hosts/NAME/, river_edge.measure.records.host_folder); the accuracy evaluation also resumes per problem (JSONL in
 bench/results/eval/). The report writes bench/results/pareto_*.png, depth_*.png and the generated section of docs/results.md
 between the `results:begin` / `results:end` markers, from the JSON alone.
 """
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from river_edge.gguf_tools.writer import write_text
-from river_edge.measure.records import GEMMA, PLAIN_CONFIGS, QWEN, QWEN15, SMOL
-from device_bench import section as device_section   # bench/'s own modules, beside this script
-from report import EVAL_CONFIGS, FULL, report
+from bench.device_bench import section as device_section
+from bench.recorded import GEMMA, PLAIN_CONFIGS, QWEN, QWEN15, SMOL
+from bench.report import EVAL_CONFIGS, FULL, report
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -102,7 +102,7 @@ def step_text(out: Path, limit: int | None, model: str, modes: str = CONFIGS, ba
 
 def step_upcast(out: Path, limit: int | None, model: str) -> dict:
     from river_edge import zoo
-    import upcast
+    from bench import upcast
     return upcast.run(zoo.prepare(model), progress=_say)
 
 
@@ -113,7 +113,7 @@ def step_runtime(out: Path, limit: int | None, model: str) -> dict:
 
 
 def step_quality(out: Path, limit: int | None, model: str) -> dict:
-    import quality as Q
+    from bench import quality as Q
     kw = dict(n_texts=2, max_tokens=24) if limit else dict(n_texts=8, max_tokens=160)
     return Q.run(_river(model), list(Q.DEFAULT_CONFIGS) + ["taus", "gates"], progress=_say, **kw)
 
@@ -129,13 +129,12 @@ def step_eval(out: Path, limit: int | None, model: str, task: str) -> dict:
 
 
 def step_long(out: Path, limit: int | None, model: str) -> dict:
-    import longrun as LR
-    from river_edge.measure import plots
+    from bench import figures, longrun as LR
     path = _river(model)
     n_long, n_batch = (24, 12) if limit else (2048, 256)
     res = {"long": LR.kl_along_sequence(path, ("river", "fast"), prompt=LONG_PROMPT, n_tokens=n_long, progress=_say),
            "batch": LR.kl_in_batch(path, BATCH_PROMPTS, n_tokens=n_batch, progress=_say)}
-    plots.longrun(res["long"], res["batch"], out / f"longrun_{model}.png")
+    figures.longrun(res["long"], res["batch"], out / f"longrun_{model}.png")
     return res
 
 
@@ -145,7 +144,7 @@ def step_spec_compare(out: Path, limit: int | None, model: str) -> dict:
     draft = zoo.prepare(QWEN)
     args = ["--river", str(path), "--draft", str(draft), "--name", QWEN15, "--out", str(out)]
     args += ["--rounds", "1", "--tokens", "12"] if limit else ["--rounds", "8"]
-    subprocess.run([sys.executable, str(HERE / "spec_compare.py"), *args], check=True)
+    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=ROOT)
     return json.loads((out / f"spec_compare_{QWEN15}.json").read_text())
 
 
@@ -178,7 +177,7 @@ def step_text_spec_compare(out: Path, limit: int | None, model: str) -> dict:
     from river_edge import zoo
     args = ["--river", str(_exact_river(QWEN15)), "--draft", str(zoo.prepare(QWEN)), "--name", QWEN15, "--out", str(out),
             "--text-prompts", "2" if limit else str(TEXT_PROMPTS), "--tokens", "12" if limit else "64"]
-    subprocess.run([sys.executable, str(HERE / "spec_compare.py"), *args], check=True)
+    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=ROOT)
     return json.loads((out / f"text_spec_compare_{QWEN15}.json").read_text())
 
 
@@ -187,7 +186,7 @@ STEPS.update({f"text_{n.removeprefix('modes_')}": (step_text, kw) for n, (_, kw)
 STEPS[f"text_spec_compare_{QWEN15}"] = (step_text_spec_compare, dict(model=QWEN15))
 
 
-# speeds belong to one machine: these steps go to this host's folder (records.host_folder); the rest (accuracy,
+# speeds belong to one machine: these steps go to this host's folder (river_edge.measure.records.host_folder); the rest (accuracy,
 # calibration) are kept once, in the results folder itself, by choice (their host is named in them where recorded)
 SPEED = ("modes_", "runtime_", "spec_compare_", "text_")
 
@@ -235,7 +234,7 @@ def timed_table(text_step: str) -> str:
 
 def _host_of(folder: Path) -> tuple[str, str]:
     """Another host's folder: its CPU in a few words and the ggml CPU variant its modes runs loaded."""
-    from river_edge.measure.records import cpu_words
+    from bench.recorded import cpu_words
     ms = [json.loads(p.read_text()) for p in sorted(folder.glob("modes_*.json"))]
     variants = {((m.get("host") or {}).get("runtime") or {}).get("cpu_variant") for m in ms}
     if len(variants) != 1 or None in variants:
@@ -248,7 +247,8 @@ def as_host_env(folder: Path) -> None:
     loads), and refuse where this CPU cannot execute it or the runtime loaded another."""
     name, variant = _host_of(folder)
     if os.environ.get("GGML_CPU_VARIANT") != variant:
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GGML_CPU_VARIANT=variant))
+        os.execve(sys.executable, [sys.executable, "-m", "bench.steps", *sys.argv[1:]],
+                  dict(os.environ, GGML_CPU_VARIANT=variant))
     from river_edge.host import cpu_variant, devices
     devices()   # loads ggml's backends, the CPU variant among them
     if cpu_variant() != variant:
@@ -265,7 +265,7 @@ def rescore(out: Path) -> None:
         rows = E.read_results(out / "eval" / f"{model}.{task}.jsonl")
         d = E.rescore(json.loads(p.read_text()), rows)
         if task != "humaneval":
-            d["rescored"] = "answers re-read from the stored completions by today's extraction (bench/results.py rescore)"
+            d["rescored"] = "answers re-read from the stored completions by today's extraction (python -m bench.steps rescore)"
         write_text(p, json.dumps(d, indent=1) + "\n")
         print(f"{p.name}: " + ", ".join(f"{c} {x['correct']}/{x['n']}" for c, x in d["configs"].items()))
 
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
     if a.what == "run":
         run(a.out, a.limit, a.only.split(",") if a.only else None, [x for x in a.redo.split(",") if x], a.as_host)
         if a.out.resolve() == RESULTS.resolve():
-            import builds
+            from bench import builds
             builds.main()   # the new records' builds, matched to their series before the pages name them
     if a.what == "rescore":
         rescore(a.out)
