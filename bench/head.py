@@ -29,7 +29,7 @@ import numpy as np
 from river_edge import zoo
 from river_edge.host import host
 from river_edge.measure.harness import alternate, paired, timed_greedy
-from river_edge.measure.records import host_folder
+from bench.recorded import host_folder
 from river_edge.runtime.headrank import chat_tokens
 from river_edge.runtime.llama import RiverLlama
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from bench import builds as B
 from bench.recorded import GEMMA, PLAIN_CONFIGS, QWEN, QWEN15, SMOL, dash, host_line, load, load_modes
-from river_edge.measure.records import other_hosts
+from bench.recorded import other_hosts
 
 
 def paired_ratio(m: dict, c: str, ref: str) -> float | None:

@@ -1,5 +1,6 @@
 """The committed records as the results pages read them (bench/report.py, headline.py, steps.py): the models'
-names, one step's JSON, and the host line that keeps every table to one host."""
+names, one step's JSON, the host line that keeps every table to one host, and the folder of this machine's runs
+(host_folder: every study writes there)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,45 @@ from river_edge.format import RiverError
 SMOL, QWEN, QWEN15, GEMMA = "smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m"
 PLAIN_CONFIGS = "shipped,q8_0,q4_k_m,q4_0"   # what a user would run instead
 
+
+
+def machine(h: dict | None) -> tuple | None:
+    """What makes two host records one machine for speed: CPU model, ISA and core count (None: not recorded)."""
+    cpu = (h or {}).get("cpu") or {}
+    return (cpu["model"], tuple(cpu.get("isa", ())), cpu.get("cpus")) if cpu.get("model") else None
+
+
+def recorded_machine(p: Path) -> tuple | None:
+    """machine() of a JSON file's host record; None for a file without one (or not a JSON object)."""
+    try:
+        d = json.loads(p.read_text())
+        return machine(d.get("host")) if isinstance(d, dict) and isinstance(d.get("host"), dict) else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def other_hosts(out: Path) -> list[Path]:
+    """Folders of runs from hosts other than the one `out` (bench/results/) itself was measured on,
+    bench/results/hosts/NAME/ (host_folder): their own tables, never mixed into these."""
+    return sorted(p for p in (out / "hosts").glob("*") if p.is_dir())
+
+
+def host_folder(out: Path, here: dict) -> Path:
+    """Where this machine's speed JSONs go (`here`: host.host()): `out` when its speed JSONs were measured on this
+    machine or it has none; else the folder of out/hosts/ holding this machine's; else a new one named after the CPU
+    and ggml's variant (with the core count, then a number, where that name is another machine's). So a run on
+    another machine never skips a step because a different host did it, and never writes into that host's tables."""
+    me = machine(here)
+    for folder in (out, *other_hosts(out)):
+        seen = {recorded_machine(p) for p in folder.glob("modes_*.json")} - {None}
+        if me in seen or (folder == out and not seen):
+            return folder
+    cpu = here["cpu"]["model"] + " " + ((here.get("runtime") or {}).get("cpu_variant") or "")
+    name = "-".join("".join(c if c.isalnum() else " " for c in cpu.lower()).split()) or "host"
+    for n in (name, f"{name}-{here['cpu'].get('cpus')}c", *(f"{name}-{i}" for i in range(2, 100))):
+        if not (out / "hosts" / n).exists():
+            return out / "hosts" / n
+    raise RiverError(f"{out / 'hosts'}: no free folder name for this machine's results")
 
 def load(out: Path, name: str) -> dict | None:
     p = out / f"{name}.json"

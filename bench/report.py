@@ -10,7 +10,7 @@ from bench import builds as B, figures as P, upcast
 from bench.headline import HEADLINE, headline, paired_ratio
 from bench.recorded import (GEMMA, QWEN, QWEN15, SMOL, cpu_words, dash, host_line, load, load_modes, same_text_note,
                             where)
-from river_edge.measure.records import machine, other_hosts
+from bench.recorded import machine, other_hosts
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]

@@ -7,7 +7,7 @@
 
 `make results` runs the first. Each step writes one JSON into bench/results/ and is skipped when that file
 exists (`--redo STEP` runs it again); speed steps go to this machine's folder instead when bench/results/ holds
-another host's (bench/results/hosts/NAME/, river_edge.measure.records.host_folder); the accuracy evaluation also resumes per problem (JSONL in
+another host's (bench/results/hosts/NAME/, bench.recorded.host_folder); the accuracy evaluation also resumes per problem (JSONL in
 bench/results/eval/). The report writes bench/results/pareto_*.png, depth_*.png and the generated section of docs/results.md
 between the `results:begin` / `results:end` markers, from the JSON alone.
 """
@@ -186,14 +186,14 @@ STEPS.update({f"text_{n.removeprefix('modes_')}": (step_text, kw) for n, (_, kw)
 STEPS[f"text_spec_compare_{QWEN15}"] = (step_text_spec_compare, dict(model=QWEN15))
 
 
-# speeds belong to one machine: these steps go to this host's folder (river_edge.measure.records.host_folder); the rest (accuracy,
+# speeds belong to one machine: these steps go to this host's folder (bench.recorded.host_folder); the rest (accuracy,
 # calibration) are kept once, in the results folder itself, by choice (their host is named in them where recorded)
 SPEED = ("modes_", "runtime_", "spec_compare_", "text_")
 
 
 def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str], as_host: Path | None = None) -> None:
     from river_edge.host import host
-    from river_edge.measure.records import host_folder, machine, recorded_machine
+    from bench.recorded import host_folder, machine, recorded_machine
 
     here = host()
     speeds = as_host.resolve() if as_host else host_folder(out, here)   # resolved: its paths print relative to out

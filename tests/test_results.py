@@ -98,7 +98,7 @@ def test_speed_steps_go_to_the_folder_of_the_host_they_run_on(tmp_path):
     """`make results` on another machine neither skips speed steps another host did nor writes into its tables:
     bench/results/ when its modes JSONs are this machine's (or it has none), else the hosts/ folder whose are,
     else a new one named after the CPU and ggml's variant."""
-    from river_edge.measure.records import host_folder
+    from bench.recorded import host_folder
 
     here = {"cpu": {"model": "AMD EPYC", "isa": ["avx2", "avx512f"], "cpus": 2}, "runtime": {"cpu_variant": "zen4"}}
     assert host_folder(tmp_path, here) == tmp_path                                   # nothing measured yet
