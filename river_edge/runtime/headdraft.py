@@ -23,8 +23,8 @@ import numpy as np
 
 from river_edge.runtime.headrank import load_or_build
 from river_edge.runtime.sampling import Transform
+from river_edge.settings import SETTINGS
 
-KMAX = 8
 IDLE = 64            # plain tokens between tries where drafting did not pay
 MISSES = 16          # missed tokens gathered before the trimmed head is rebuilt with them
 RESIZE = 128         # verified tokens between reconsiderations of the trimmed head's size
@@ -196,6 +196,7 @@ class HeadDraft:
     def __init__(self, dec):
         # the clock outlives a call: where drafting does not pay, later calls start plain instead of probing again
         self.dec, self.n_rows, self.head, self.clock = dec, None, None, Clock()
+        self.kmax = SETTINGS["kmax"].default   # llm.decoding.kmax from the first call on
         self.idle_limit = IDLE   # doubles after each try that did not pay (up to 16x), back to IDLE when one does
 
     def run(self, spec, tokens: list[int], kw: dict, me: int, base_generate):
@@ -246,7 +247,8 @@ class HeadDraft:
 
     def choose_k(self, spec, st, room: int) -> int:
         """The cost gate's k (a test's fixed `draft_k`), 0 for a plain step; the trimmed head set on first use."""
-        k = self.clock.best_k(KMAX) if spec.draft_k is None else (spec.draft_k() if callable(spec.draft_k) else spec.draft_k)
+        self.kmax = spec.kmax   # llm.decoding.kmax: drafts per cycle at most
+        k = self.clock.best_k(self.kmax) if spec.draft_k is None else (spec.draft_k() if callable(spec.draft_k) else spec.draft_k)
         k = min(k, room) if self.trimmed else 0
         if k and not self.head.ids.size:
             self.trimmed = self.head.apply(self.prompt)
@@ -298,7 +300,7 @@ class HeadDraft:
         self.clock.judged(j, int(j < c.k))
         self.head.observe(c.out)
         self.verified += len(c.out)
-        if self.clock.cycles[1] >= 16 and self.clock.best_k(KMAX):
+        if self.clock.cycles[1] >= 16 and self.clock.best_k(self.kmax):
             self.idle_limit = IDLE   # measured, drafting pays: a later plain spell tries again soon
         self.st.cycle("head", c.k, c.k, j)
         if j < c.k and self.head.missed(int(g[j])):
@@ -310,7 +312,7 @@ class HeadDraft:
     def resize(self) -> None:
         """The size the cost gate prefers, from the coverage each size would have had on the verified text."""
         h, clock = self.head, self.clock
-        n = clock.best_rows(h.n_rows, self.dec.n_vocab, h.coverage(), KMAX)
+        n = clock.best_rows(h.n_rows, self.dec.n_vocab, h.coverage(), self.kmax)
         if n != h.n_rows:
             old, h.n_rows = h.n_rows, n
             clock.draft += (n - old) * max(clock.step - clock.draft, 0.0) / max(self.dec.n_vocab - old, 1)
