@@ -13,7 +13,7 @@ decode tok/s from the first token to the n-th (harness.timed_greedy); ratios are
 (config / shipped) on the same prompt and round, with bootstrap 95% intervals; every text is compared with the
 stock runtime's. Writes bench/results/hosts/<host>/head_<model>.json.
 
-    .venv/bin/python bench/head.py gemma3-270m smollm2-135m qwen2.5-coder-0.5b
+    .venv/bin/python -m bench.head gemma3-270m smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 """
 from __future__ import annotations
 
