@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bench import builds as B, figures as P, upcast
 from bench.headline import HEADLINE, headline, paired_ratio
+from bench.headtable import HEAD, head_table
 from bench.recorded import (GEMMA, QWEN, QWEN15, SMOL, cpu_words, dash, host_line, load, load_modes, same_text_note,
                             where)
 from bench.recorded import machine, other_hosts
@@ -411,6 +412,8 @@ def _fill(out: Path, text: str, page: str, front: str | None, name) -> tuple[str
     page = _replaced(page, (BEGIN, END), text, name)
     if front is not None and (h := headline(out)):
         front = _replaced(front, HEADLINE, "\n".join(h) + "\n", "README")
+    if front is not None and (h := head_table(out)):
+        front = _replaced(front, HEAD, "\n".join(h), "README")
     return page, front
 
 
