@@ -175,3 +175,16 @@ def test_the_trimmed_head_counts_what_each_size_would_have_held(tiny_qwen2_base)
     assert cov[2] == pytest.approx((0.995 ** 3 + 0.995 + 1.6) / (sum(0.995 ** i for i in range(4)) + 2), rel=1e-9)
     assert cov[4] > cov[2]
     dec.set_head_rows([])
+
+
+def test_the_cost_gate_drops_a_step_that_rebuilt_the_graph():
+    """A plain step right after the trimmed head is cleared rebuilds the graph (many times a step): the gate's step
+    cost must not take it, else drafting looks like it pays whatever it costs."""
+    from river_edge.runtime.headdraft import Clock
+    c = Clock()
+    c.observe("step", 0.290)                    # the first step: a graph rebuild
+    c.observe("step", 0.035)
+    assert c.step == pytest.approx(0.035)
+    c.observe("step", 0.036)
+    c.observe("step", 0.300)                    # another rebuild, later
+    assert c.step == pytest.approx(0.7 * 0.035 + 0.3 * 0.036)
