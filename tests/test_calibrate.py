@@ -162,11 +162,42 @@ def test_online_checks_in_one_pass_equal_the_step_by_step_decode(request, fixtur
         assert one["kl_quarters"] == pytest.approx(steps["kl_quarters"], rel=1e-4, abs=1e-6), name
         if name == "rule":   # a rule that exits at several depths, so its own K/V mix layers
             assert 1.5 < one["depth"] < L - 0.5
-    for gate in (float(np.quantile(aux["gate"]["entropy"], 0.3)), float(np.median(aux["gate"]["entropy"]))):
-        one, steps = online_gated(m, ref, gate, s.batch), online_gated_stepwise(m, ref, gate, s.batch)
+    # gates going down as the gate's fit checks go, each check's first guesses from the last one's entropies
+    ents = None
+    for gate in (float(np.median(aux["gate"]["entropy"])), float(np.quantile(aux["gate"]["entropy"], 0.3))):
+        got = []
+        one = online_gated(m, ref, gate, s.batch, guess_from=ents, entropies=got)
+        steps = online_gated_stepwise(m, ref, gate, s.batch)
         assert 0 < one["fallback_rate"] < 1
         for k in ("kl", "agreement", "fallback_rate"):
-            assert one[k] == pytest.approx(steps[k], rel=1e-4, abs=1e-6), (gate, k)
+            assert one[k] == pytest.approx(steps[k], rel=1e-4, abs=1e-6), (gate, k, ents is None)
+        assert len(got) == len(ref) and all(len(e) == len(t) for e, (_, t, _) in zip(got, ref.values()))
+        ents = got
+
+
+def test_gated_pass_settles_whatever_its_guess(model):
+    """The gated fixed point does not depend on its first guesses (none, all, the answer itself); the answer as its
+    guess settles each window in one pass, where no guess takes more."""
+    from river_edge.calibration.parallel import gated_pass, prefilled
+
+    s = T.Settings(decode_tokens=4, online_tokens=24, batch=4)
+    _, aux = REC.record(model, PROMPTS, s)
+    gate = float(np.median(aux["gate"]["entropy"]))
+    item = list(aux["ref"].values())[0]
+
+    def run(guess):
+        (c,) = prefilled(model, [item], Policy.backbone())
+        return gated_pass(model, c, item[1], gate, REC.entropy, window=8, guess=guess)
+
+    lg, fall, passes, ent = run(None)
+    assert 0 < int(fall.sum()) < len(fall) and torch.equal(fall, ent >= gate)
+    for guess in (torch.ones_like(fall), fall, ent >= gate):
+        lg2, fall2, passes2, ent2 = run(guess)
+        assert torch.equal(fall2, fall)
+        torch.testing.assert_close(lg2, lg, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ent2, ent, rtol=1e-4, atol=1e-4)
+        if guess is fall:
+            assert passes2 == 3 < passes   # 24 tokens, windows of 8
 
 
 def test_bad_targets_and_inputs(tiny_llama, tmp_path):
