@@ -28,53 +28,38 @@ from ..reference.llama import rms_norm
 WINDOW = 64   # the gated mode's tokens per fixed point (SmolLM2, 256 tokens: 16 cost 1.7x, 32 1.2x, 256 1.7x)
 
 
-class _Got(Exception):
-    """Ends a layer's call once its K/V are known (the attention and FFN after them would be thrown away)."""
-
-
 def _layer(model: RiverModel, il: int, streams: list, pick: torch.Tensor, cache: Cache, p0: int,
            pos: torch.Tensor) -> list[torch.Tensor]:
     """Layer il over the n decode tokens after a cache holding p0 positions. streams: (block, h [rows, d], rows)
     each; every stream's token attends to the cache's K/V at earlier positions (the prompt's, then at each decode
-    position the K/V of stream pick[row]) and to its own K/V at its own position. Returns each stream's output."""
+    position the K/V of stream pick[row]) and to its own K/V at its own position. Returns each stream's output.
+    Each stream's q, k, v are projected once (Block.project), its K/V written where pick takes them, then each
+    attends (Block.finish)."""
     a = model.args
     n, rep = len(pos), a.n_head // a.n_head_kv
-    got = []
-    for blk, h, rows in streams if len(streams) > 1 else ():   # a first call for each stream's K/V, stopped there
-        def grab(q, k, v):
-            got.append((round_f16(k), round_f16(v)) if model.emulate else (k, v))
-            raise _Got
-        try:
-            blk(h, pos[rows], grab)
-        except _Got:
-            pass
+    qkv = [blk.project(h, pos[rows]) for blk, h, rows in streams]
+    if model.emulate:
+        qkv = [tuple(round_f16(x) for x in t) for t in qkv]
     K, V = cache.k[il], cache.v[il]
-    for s, ((_, _, rows), (k, v)) in enumerate(zip(streams, got)):
+    for s, ((_, _, rows), (_, k, v)) in enumerate(zip(streams, qkv)):
         mine = pick[rows] == s
         K[p0 + rows[mine]], V[p0 + rows[mine]] = k[mine], v[mine]
     S = p0 + n
     K, V = K[:S], V[:S]
     out = []
-    for s, (blk, h, rows) in enumerate(streams):
+    for (blk, h, rows), (q, k, v) in zip(streams, qkv):
         back = pos[rows][:, None] - torch.arange(S)[None, :]          # query position - key position
         masked = (back <= 0) | (back >= blk.window) if blk.window else back <= 0   # earlier keys; its own apart
-
-        def attend(q, k, v, s=s, rows=rows, masked=masked):
-            if model.emulate:
-                q, k, v = round_f16(q), round_f16(k), round_f16(v)
-            if not got:   # one stream: its own K/V are the cache's
-                K[p0 + rows], V[p0 + rows] = k, v
-            t = len(rows)
-            qg = q.view(t, a.n_head_kv, rep, a.head_dim)
-            sc = torch.einsum("tgrd,sgd->grts", qg, K) * blk.kq_scale
-            sc = sc.masked_fill(masked, float("-inf"))
-            own = torch.einsum("tgrd,tgd->grt", qg, k)[..., None] * blk.kq_scale
-            pr = torch.softmax(torch.cat([sc, own], -1), -1)
-            if model.emulate:
-                pr = round_f16(pr)
-            o = torch.einsum("grts,sgd->tgrd", pr[..., :S], V) + pr[..., S].permute(2, 0, 1)[..., None] * v[:, :, None]
-            return o.reshape(t, a.n_head, a.head_dim)
-        out.append(blk(h, pos[rows], attend))
+        t = len(rows)
+        qg = q.view(t, a.n_head_kv, rep, a.head_dim)
+        sc = torch.einsum("tgrd,sgd->grts", qg, K) * blk.kq_scale
+        sc = sc.masked_fill(masked, float("-inf"))
+        own = torch.einsum("tgrd,tgd->grt", qg, k)[..., None] * blk.kq_scale
+        pr = torch.softmax(torch.cat([sc, own], -1), -1)
+        if model.emulate:
+            pr = round_f16(pr)
+        o = torch.einsum("grts,sgd->tgrd", pr[..., :S], V) + pr[..., S].permute(2, 0, 1)[..., None] * v[:, :, None]
+        out.append(blk.finish(h, o.reshape(t, a.n_head, a.head_dim)))
     return out
 
 
