@@ -110,11 +110,29 @@ def test_calibration_decodes_each_prompt_once(tiny_llama, tmp_path, monkeypatch)
     """The rule's signals and the gate's all-river figures come from one backbone decode of each prompt."""
     decoded = []
     real = REC.decode_backbone
-    monkeypatch.setattr(REC, "decode_backbone", lambda m, batch, n: decoded.extend(batch) or real(m, batch, n))
+    monkeypatch.setattr(REC, "decode_backbone", lambda m, batch, n, **kw: decoded.extend(batch) or real(m, batch, n, **kw))
     s = T.Settings(n_prompts=4, decode_tokens=4, online_tokens=8, batch=2)
     summary = REP.calibrate_file(tiny_llama, tmp_path / "cal.gguf", T.Target("kl", 0.05), s)
     assert len(decoded) == len(set(map(tuple, decoded))) == s.n_prompts   # each prompt once (it was twice)
     assert summary["gate"]["gate_entropy"] >= 0
+
+
+def test_a_wider_lockstep_decode_records_the_same(model, monkeypatch):
+    """The calibration decodes its fit and test prompts in one lockstep (record.DECODE_WIDTH): each prompt's tokens,
+    signals and damage are those of decoding its half alone, s.batch at a time."""
+    s = T.Settings(decode_tokens=5, online_tokens=9, batch=2)
+    tr, aux = REC.record(model, PROMPTS[:2], s)
+    monkeypatch.setattr(REC, "DECODE_WIDTH", 4)
+    wide = REC.decode(model, PROMPTS, s)
+    assert [len(d.tokens) for d in wide] == [9] * 4 and wide[0].hid.shape[1] == 5
+    tr2, aux2 = REC.record(model, PROMPTS[:2], s, decoded=wide[:2])
+    for i in (0, 1):
+        assert aux2["ref"][i][1] == aux["ref"][i][1]
+        torch.testing.assert_close(aux2["ref"][i][2], aux["ref"][i][2], rtol=1e-4, atol=1e-4)
+    for f in ("sims", "sims_nomassive", "kl", "agree", "entropy", "prompt_of"):
+        np.testing.assert_allclose(getattr(tr2, f), getattr(tr, f), rtol=1e-4, atol=1e-4, err_msg=f)
+    for k in aux["gate"]:
+        np.testing.assert_allclose(aux2["gate"][k], aux["gate"][k], rtol=1e-4, atol=1e-4, err_msg=k)
 
 
 def test_online_gated_spans_backbone_and_all_river(model):
