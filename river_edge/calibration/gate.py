@@ -15,7 +15,7 @@ import torch
 
 from ..format import RiverError
 from ..reference import Policy
-from .parallel import gated_pass, prefilled
+from .parallel import gated_passes, prefilled
 from .record import entropy, kl_div
 from .rule import spearman
 from .target import Settings, Target
@@ -25,8 +25,8 @@ def online_gated(model, ref: dict, gate: float, batch: int, guess_from: list | N
                  entropies: list | None = None) -> dict:
     """The gated mode teacher-forced over the reference's tokens as it runs: every token on the river first,
     re-decoded on the backbone (its cells rewritten) where the river's entropy >= gate, so the river-written
-    K/V of the tokens that did not fall back feed later ones. Each prompt's tokens in a few passes
-    (parallel.gated_pass), where online_gated_stepwise() runs one step per token.
+    K/V of the tokens that did not fall back feed later ones. Each prompt's tokens in a few passes, the batch's
+    prompts together (parallel.gated_passes), where online_gated_stepwise() runs one step per token.
 
     guess_from: per prompt (ref's order), the river's entropy per token from an earlier check of these prompts; the
     passes take "entropy >= gate" as their first guess (the result does not depend on it; at the next gate down the
@@ -38,9 +38,9 @@ def online_gated(model, ref: dict, gate: float, batch: int, guess_from: list | N
         for b0 in range(0, len(items), batch):
             chunk = items[b0:b0 + batch]
             caches = prefilled(model, chunk, Policy.backbone())
-            for i, ((_, t, lp), c) in enumerate(zip(chunk, caches), b0):
-                guess = guess_from[i] >= gate if guess_from is not None else None
-                lg, fall, n, ent = gated_pass(model, c, t, gate, entropy, guess=guess)
+            guesses = [g >= gate for g in guess_from[b0:b0 + batch]] if guess_from is not None else None
+            done = gated_passes(model, caches, [t for _, t, _ in chunk], gate, entropy, guesses=guesses)
+            for (_, t, lp), (lg, fall, n, ent) in zip(chunk, done):
                 kls.append(kl_div(lp[:len(t)], lg))
                 agrees.append((lg.argmax(-1) == lp[:len(t)].argmax(-1)).float())
                 falls.append(fall.float())

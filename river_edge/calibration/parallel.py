@@ -28,39 +28,47 @@ from ..reference.llama import rms_norm
 WINDOW = 64   # the gated mode's tokens per fixed point (SmolLM2, 256 tokens: 16 cost 1.7x, 32 1.2x, 256 1.7x)
 
 
-def _layer(model: RiverModel, il: int, streams: list, pick: torch.Tensor, cache: Cache, p0: int,
-           pos: torch.Tensor) -> list[torch.Tensor]:
-    """Layer il over the n decode tokens after a cache holding p0 positions. streams: (block, h [rows, d], rows)
-    each; every stream's token attends to the cache's K/V at earlier positions (the prompt's, then at each decode
-    position the K/V of stream pick[row]) and to its own K/V at its own position. Returns each stream's output.
-    Each stream's q, k, v are projected once (Block.project), its K/V written where pick takes them, then each
-    attends (Block.finish)."""
+def _layer(model: RiverModel, il: int, streams: list, seqs: list) -> list[torch.Tensor]:
+    """Layer il over decode tokens of one or more sequences. streams: (block, h) each, h [rows, d] the stream's rows of
+    every sequence in turn; seqs: (cache, p0, pos, pick, rows) each, its n decode tokens after a cache holding p0
+    positions at positions pos [n], and per stream the indices (into its n tokens) of its rows. Every token attends to
+    its cache's K/V at earlier positions (the prompt's, then at each decode position the K/V of stream pick[token])
+    and to its own K/V at its own position. Each stream's q, k, v are projected once for all its rows
+    (Block.project), its K/V written where pick takes them, then each attends (Block.finish). Returns each stream's
+    output."""
     a = model.args
-    n, rep = len(pos), a.n_head // a.n_head_kv
-    qkv = [blk.project(h, pos[rows]) for blk, h, rows in streams]
+    rep = a.n_head // a.n_head_kv
+    qkv = [blk.project(h, torch.cat([pos[rows[s]] for _, _, pos, _, rows in seqs]))
+           for s, (blk, h) in enumerate(streams)]
     if model.emulate:
         qkv = [tuple(round_f16(x) for x in t) for t in qkv]
-    K, V = cache.k[il], cache.v[il]
-    for s, ((_, _, rows), (_, k, v)) in enumerate(zip(streams, qkv)):
-        mine = pick[rows] == s
-        K[p0 + rows[mine]], V[p0 + rows[mine]] = k[mine], v[mine]
-    S = p0 + n
-    K, V = K[:S], V[:S]
-    out = []
-    for (blk, h, rows), (q, k, v) in zip(streams, qkv):
-        back = pos[rows][:, None] - torch.arange(S)[None, :]          # query position - key position
-        masked = (back <= 0) | (back >= blk.window) if blk.window else back <= 0   # earlier keys; its own apart
-        t = len(rows)
-        qg = q.view(t, a.n_head_kv, rep, a.head_dim)
-        sc = torch.einsum("tgrd,sgd->grts", qg, K) * blk.kq_scale
-        sc = sc.masked_fill(masked, float("-inf"))
-        own = torch.einsum("tgrd,tgd->grt", qg, k)[..., None] * blk.kq_scale
-        pr = torch.softmax(torch.cat([sc, own], -1), -1)
-        if model.emulate:
-            pr = round_f16(pr)
-        o = torch.einsum("grts,sgd->tgrd", pr[..., :S], V) + pr[..., S].permute(2, 0, 1)[..., None] * v[:, :, None]
-        out.append(blk.finish(h, o.reshape(t, a.n_head, a.head_dim)))
-    return out
+    attn = [torch.empty(len(h), a.n_head, a.head_dim) for _, h in streams]
+    off = [0] * len(streams)
+    for cache, p0, pos, pick, rows in seqs:
+        S = p0 + len(pos)
+        K, V = cache.k[il], cache.v[il]
+        own = [tuple(x[off[s]:off[s] + len(rows[s])] for x in qkv[s]) for s in range(len(streams))]
+        for s, (_, k, v) in enumerate(own):
+            mine = pick[rows[s]] == s
+            K[p0 + rows[s][mine]], V[p0 + rows[s][mine]] = k[mine], v[mine]
+        K, V = K[:S], V[:S]
+        for s, ((blk, _), (q, k, v)) in enumerate(zip(streams, own)):
+            t = len(rows[s])
+            if t:
+                back = pos[rows[s]][:, None] - torch.arange(S)[None, :]          # query position - key position
+                masked = (back <= 0) | (back >= blk.window) if blk.window else back <= 0   # earlier keys; its own apart
+                qg = q.view(t, a.n_head_kv, rep, a.head_dim)
+                sc = torch.einsum("tgrd,sgd->grts", qg, K) * blk.kq_scale
+                sc = sc.masked_fill(masked, float("-inf"))
+                mk = torch.einsum("tgrd,tgd->grt", qg, k)[..., None] * blk.kq_scale
+                pr = torch.softmax(torch.cat([sc, mk], -1), -1)
+                if model.emulate:
+                    pr = round_f16(pr)
+                o = torch.einsum("grts,sgd->tgrd", pr[..., :S], V) \
+                    + pr[..., S].permute(2, 0, 1)[..., None] * v[:, :, None]
+                attn[s][off[s]:off[s] + t] = o.reshape(t, a.n_head, a.head_dim)
+            off[s] += t
+    return [blk.finish(h, at) for (blk, h), at in zip(streams, attn)]
 
 
 def _logits(model: RiverModel, h: torch.Tensor, river_rows: torch.Tensor | None) -> torch.Tensor:
@@ -100,7 +108,8 @@ def decode_pass(model: RiverModel, cache: Cache, tokens: Sequence[int], policies
                    ((model.backbone, torch.nonzero(~on_river)[:, 0]), (model.river, torch.nonzero(on_river)[:, 0]))
                    if len(rows)]
         pick = torch.zeros(n, dtype=torch.long) if len(streams) == 1 else on_river.long()
-        outs = _layer(model, il, streams, pick, cache, p0, pos)
+        outs = _layer(model, il, [(blk, hin) for blk, hin, _ in streams],
+                      [(cache, p0, pos, pick, [rows for _, _, rows in streams])])
         for (blk, hin, rows), o in zip(streams, outs):
             if blk is model.backbone[il] and tau is not None and m <= il < L - 1:
                 sims = torch.nn.functional.cosine_similarity(hin, o, dim=-1)
@@ -118,48 +127,72 @@ def gated_pass(model: RiverModel, cache: Cache, tokens: Sequence[int], gate: flo
     """The gated mode over the tokens, one per step after the cache's positions: each token decoded on the river
     (reading the K/V that earlier tokens left), and where the river's entropy >= gate decoded again on the backbone,
     whose K/V then replace the river's. Returns (logits [n, vocab], fallback per token, passes run, the river's
-    entropy per token).
+    entropy per token). gated_passes() for one sequence."""
+    return gated_passes(model, [cache], [tokens], gate, entropy, window, [guess])[0]
 
-    The tokens go `window` at a time; each pass over a window starts at the first token whose decision the last one
-    changed (those before it are final, their K/V in the cache) and runs the backbone only for the tokens it takes
-    to fall back. A window's first pass guesses its fallbacks: `guess` (a bool per token, e.g. an earlier check's
-    entropies against this gate), else none. The answer does not depend on the guess (every pass settles at least
-    its first token), the passes do: a window settles in a pass or two more than the guesses it got wrong in a chain;
-    guessing "none" gets about 40% wrong at SmolLM2's gate, and takes a pass more per window."""
-    L, n, p0 = model.args.n_layer, len(tokens), cache.n
-    pos = p0 + torch.arange(n)
-    x = model.backbone[0].embed(model.args, model.tok_embd[torch.tensor(tokens, dtype=torch.long)])
-    fall = guess.clone() if guess is not None else torch.zeros(n, dtype=torch.bool)
-    passes, ent = 0, torch.empty(n)
-    river, hback = None, torch.empty_like(x)
-    for start in range(0, n, window):
-        end = min(start + window, n)
-        while True:
-            passes += 1
-            rows = torch.arange(start, end)
-            brows = rows[fall[rows]]
-            hr, hb = x[rows].clone(), x[brows].clone()
-            for il in range(L):
-                streams = [(model.river[il], hr, rows)] + ([(model.backbone[il], hb, brows)] if len(brows) else [])
-                out = _layer(model, il, streams, fall.long(), cache, p0, pos)
-                hr, hb = out[0], out[-1] if len(brows) else hb
-            lr = _logits(model, hr, torch.arange(len(rows)))
-            if river is None:
-                river = torch.empty(n, lr.shape[1])
-            river[rows], hback[brows] = lr, hb   # the backbone's logits once, for the final fallbacks
-            ent[rows] = entropy(lr)
-            again = ent[rows] >= gate
-            changed = torch.nonzero(again != fall[rows])[:, 0]
-            if not len(changed):
-                break
-            # the first changed decision is final (every one before it is); the rest are the next pass's guess
-            fall[rows] = again
-            start = int(rows[changed[0]])
-    cache.n = p0 + n
-    back = torch.nonzero(fall)[:, 0]
-    if len(back):
-        river[back] = _logits(model, hback[back], None)
-    return river, fall, passes, ent
+
+@torch.no_grad()
+def gated_passes(model: RiverModel, caches: Sequence[Cache], tokens: Sequence[Sequence[int]], gate: float, entropy,
+                 window: int = WINDOW, guesses: Sequence[torch.Tensor | None] | None = None) -> list[tuple]:
+    """gated_pass() for several sequences (each its cache and tokens) at once: each runs its own passes, and a pass
+    of every unsettled sequence goes through each weight in one product (one sequence's pass is 64 rows or fewer,
+    where a product of a few hundred rows runs faster per row). Returns gated_pass()'s tuple per sequence.
+
+    Each sequence's tokens go `window` at a time; each pass over a window starts at the first token whose decision
+    the last one changed (those before it are final, their K/V in the cache) and runs the backbone only for the
+    tokens it takes to fall back. A window's first pass guesses its fallbacks: guesses[j] (a bool per token, e.g. an
+    earlier check's entropies against this gate), else none. The answer does not depend on the guess (every pass
+    settles at least its first token), the passes do: a window settles in a pass or two more than the guesses it got
+    wrong in a chain; guessing "none" gets about 40% wrong at SmolLM2's gate, and takes a pass more per window."""
+    L, emb = model.args.n_layer, model.backbone[0].embed
+    seqs = []
+    for j, (cache, t) in enumerate(zip(caches, tokens)):
+        n, g = len(t), guesses[j] if guesses is not None else None
+        x = emb(model.args, model.tok_embd[torch.tensor(t, dtype=torch.long)])
+        seqs.append(dict(cache=cache, p0=cache.n, pos=cache.n + torch.arange(n), n=n, x=x, hback=torch.empty_like(x),
+                         fall=g.clone() if g is not None else torch.zeros(n, dtype=torch.bool), ent=torch.empty(n),
+                         river=None, passes=0, window=0, start=0))
+    live = [q for q in seqs if q["n"]]
+    while live:
+        rows, brows = [], []
+        for q in live:
+            q["passes"] += 1
+            rows.append(torch.arange(q["start"], min(q["window"] + window, q["n"])))
+            brows.append(rows[-1][q["fall"][rows[-1]]])
+        hr = torch.cat([q["x"][r] for q, r in zip(live, rows)])
+        hb = torch.cat([q["x"][r] for q, r in zip(live, brows)])
+        nb = len(hb)
+        for il in range(L):
+            streams = [(model.river[il], hr)] + ([(model.backbone[il], hb)] if nb else [])
+            out = _layer(model, il, streams, [(q["cache"], q["p0"], q["pos"], q["fall"].long(), [r, b] if nb else [r])
+                                              for q, r, b in zip(live, rows, brows)])
+            hr, hb = out[0], out[-1] if nb else hb
+        lr = _logits(model, hr, torch.arange(len(hr)))
+        ent = entropy(lr)
+        o = ob = 0
+        for q, r, b in zip(live, rows, brows):
+            if q["river"] is None:
+                q["river"] = torch.empty(q["n"], lr.shape[1])
+            # the backbone's logits once, at the end, for the final fallbacks
+            q["river"][r], q["ent"][r], q["hback"][b] = lr[o:o + len(r)], ent[o:o + len(r)], hb[ob:ob + len(b)]
+            o, ob = o + len(r), ob + len(b)
+            again = q["ent"][r] >= gate
+            changed = torch.nonzero(again != q["fall"][r])[:, 0]
+            if len(changed):
+                # the first changed decision is final (every one before it is); the rest are the next pass's guess
+                q["fall"][r] = again
+                q["start"] = int(r[changed[0]])
+            else:
+                q["window"] = q["start"] = int(r[-1]) + 1
+        live = [q for q in live if q["window"] < q["n"]]
+    out = []
+    for q in seqs:
+        q["cache"].n = q["p0"] + q["n"]
+        back = torch.nonzero(q["fall"])[:, 0]
+        if len(back):
+            q["river"][back] = _logits(model, q["hback"][back], None)
+        out.append((q["river"], q["fall"], q["passes"], q["ent"]))
+    return out
 
 
 def prefilled(model: RiverModel, chunk: list, policy: Policy) -> list[Cache]:
