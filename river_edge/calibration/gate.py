@@ -29,8 +29,8 @@ def online_gated(model, ref: dict, gate: float, batch: int, guess_from: list | N
     prompts together (parallel.gated_passes), where online_gated_stepwise() runs one step per token.
 
     guess_from: per prompt (ref's order), the river's entropy per token from an earlier check of these prompts; the
-    passes take "entropy >= gate" as their first guess (the result does not depend on it; at the next gate down the
-    guess was 98% right on SmolLM2, and the check ran half the passes). entropies: a list that receives this
+    passes take "entropy >= gate" as their first guess (the result does not depend on it; at the next gate down
+    nearly every token keeps its guess, and the check runs far fewer passes). entropies: a list that receives this
     check's, for the next."""
     kls, agrees, falls, passes = [], [], [], []
     items = list(ref.values())

@@ -8,9 +8,9 @@ gives the step-by-step decode's result (RiverModel.step, one token per step):
     whether it runs the backbone's or the river's layer il, and the K/V it writes there;
   - a forced exit (random selection, all-river) is known before the pass;
   - the gated mode decides a fallback only after the token's whole river pass, which depends on the fallbacks of
-    earlier tokens: a fixed point, found by passes that start from "no fallback" and repeat until no decision
-    changes. A decision depends only on earlier ones, so after k passes at least the first k are final and the
-    fixed point is the step-by-step answer.
+    earlier tokens: a fixed point, found by passes that start from a guess (none, or an earlier check's) and repeat
+    until no decision changes. A decision depends only on earlier ones, so after k passes at least the first k are
+    final and the fixed point is the step-by-step answer, whatever the guess.
 The results equal the step-by-step decode's up to float rounding (tests/test_calibrate.py compares them); the cost is
 a few passes of n tokens where the step-by-step decode ran n steps of one token (each reading every weight again).
 """
@@ -143,7 +143,7 @@ def gated_passes(model: RiverModel, caches: Sequence[Cache], tokens: Sequence[Se
     tokens it takes to fall back. A window's first pass guesses its fallbacks: guesses[j] (a bool per token, e.g. an
     earlier check's entropies against this gate), else none. The answer does not depend on the guess (every pass
     settles at least its first token), the passes do: a window settles in a pass or two more than the guesses it got
-    wrong in a chain; guessing "none" gets about 40% wrong at SmolLM2's gate, and takes a pass more per window."""
+    wrong in a chain; guessing "none" is wrong at every token that falls back, and takes a pass more per window."""
     L, emb = model.args.n_layer, model.backbone[0].embed
     seqs = []
     for j, (cache, t) in enumerate(zip(caches, tokens)):
