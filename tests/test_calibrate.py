@@ -110,11 +110,29 @@ def test_calibration_decodes_each_prompt_once(tiny_llama, tmp_path, monkeypatch)
     """The rule's signals and the gate's all-river figures come from one backbone decode of each prompt."""
     decoded = []
     real = REC.decode_backbone
-    monkeypatch.setattr(REC, "decode_backbone", lambda m, batch, n: decoded.extend(batch) or real(m, batch, n))
+    monkeypatch.setattr(REC, "decode_backbone", lambda m, batch, n, **kw: decoded.extend(batch) or real(m, batch, n, **kw))
     s = T.Settings(n_prompts=4, decode_tokens=4, online_tokens=8, batch=2)
     summary = REP.calibrate_file(tiny_llama, tmp_path / "cal.gguf", T.Target("kl", 0.05), s)
     assert len(decoded) == len(set(map(tuple, decoded))) == s.n_prompts   # each prompt once (it was twice)
     assert summary["gate"]["gate_entropy"] >= 0
+
+
+def test_a_wider_lockstep_decode_records_the_same(model, monkeypatch):
+    """The calibration decodes its fit and test prompts in one lockstep (record.DECODE_WIDTH): each prompt's tokens,
+    signals and damage are those of decoding its half alone, s.batch at a time."""
+    s = T.Settings(decode_tokens=5, online_tokens=9, batch=2)
+    tr, aux = REC.record(model, PROMPTS[:2], s)
+    monkeypatch.setattr(REC, "DECODE_WIDTH", 4)
+    wide = REC.decode(model, PROMPTS, s)
+    assert [len(d.tokens) for d in wide] == [9] * 4 and wide[0].hid.shape[1] == 5
+    tr2, aux2 = REC.record(model, PROMPTS[:2], s, decoded=wide[:2])
+    for i in (0, 1):
+        assert aux2["ref"][i][1] == aux["ref"][i][1]
+        torch.testing.assert_close(aux2["ref"][i][2], aux["ref"][i][2], rtol=1e-4, atol=1e-4)
+    for f in ("sims", "sims_nomassive", "kl", "agree", "entropy", "prompt_of"):
+        np.testing.assert_allclose(getattr(tr2, f), getattr(tr, f), rtol=1e-4, atol=1e-4, err_msg=f)
+    for k in aux["gate"]:
+        np.testing.assert_allclose(aux2["gate"][k], aux["gate"][k], rtol=1e-4, atol=1e-4, err_msg=k)
 
 
 def test_online_gated_spans_backbone_and_all_river(model):
@@ -162,11 +180,42 @@ def test_online_checks_in_one_pass_equal_the_step_by_step_decode(request, fixtur
         assert one["kl_quarters"] == pytest.approx(steps["kl_quarters"], rel=1e-4, abs=1e-6), name
         if name == "rule":   # a rule that exits at several depths, so its own K/V mix layers
             assert 1.5 < one["depth"] < L - 0.5
-    for gate in (float(np.quantile(aux["gate"]["entropy"], 0.3)), float(np.median(aux["gate"]["entropy"]))):
-        one, steps = online_gated(m, ref, gate, s.batch), online_gated_stepwise(m, ref, gate, s.batch)
+    # gates going down as the gate's fit checks go, each check's first guesses from the last one's entropies
+    ents = None
+    for gate in (float(np.median(aux["gate"]["entropy"])), float(np.quantile(aux["gate"]["entropy"], 0.3))):
+        got = []
+        one = online_gated(m, ref, gate, s.batch, guess_from=ents, entropies=got)
+        steps = online_gated_stepwise(m, ref, gate, s.batch)
         assert 0 < one["fallback_rate"] < 1
         for k in ("kl", "agreement", "fallback_rate"):
-            assert one[k] == pytest.approx(steps[k], rel=1e-4, abs=1e-6), (gate, k)
+            assert one[k] == pytest.approx(steps[k], rel=1e-4, abs=1e-6), (gate, k, ents is None)
+        assert len(got) == len(ref) and all(len(e) == len(t) for e, (_, t, _) in zip(got, ref.values()))
+        ents = got
+
+
+def test_gated_pass_settles_whatever_its_guess(model):
+    """The gated fixed point does not depend on its first guesses (none, all, the answer itself); the answer as its
+    guess settles each window in one pass, where no guess takes more."""
+    from river_edge.calibration.parallel import gated_pass, prefilled
+
+    s = T.Settings(decode_tokens=4, online_tokens=24, batch=4)
+    _, aux = REC.record(model, PROMPTS, s)
+    gate = float(np.median(aux["gate"]["entropy"]))
+    item = list(aux["ref"].values())[0]
+
+    def run(guess):
+        (c,) = prefilled(model, [item], Policy.backbone())
+        return gated_pass(model, c, item[1], gate, REC.entropy, window=8, guess=guess)
+
+    lg, fall, passes, ent = run(None)
+    assert 0 < int(fall.sum()) < len(fall) and torch.equal(fall, ent >= gate)
+    for guess in (torch.ones_like(fall), fall, ent >= gate):
+        lg2, fall2, passes2, ent2 = run(guess)
+        assert torch.equal(fall2, fall)
+        torch.testing.assert_close(lg2, lg, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ent2, ent, rtol=1e-4, atol=1e-4)
+        if guess is fall:
+            assert passes2 == 3 < passes   # 24 tokens, windows of 8
 
 
 def test_bad_targets_and_inputs(tiny_llama, tmp_path):

@@ -133,7 +133,8 @@ def test_build_calibrates_in_one_go(runner, tiny_llama_base, tmp_path, quick):
     assert Path(f"{out}.calibration.png").stat().st_size > 0
     # each step's wall time, on a named host (issue 41: a 10-minute build recorded none)
     took = json.loads(Path(f"{out}.calibration.json").read_text())
-    assert {"build_river_gguf", "load_model", "record_fit_prompts", "online_fit_checks", "gate_fit_and_checks"} \
+    assert {"build_river_gguf", "load_model", "backbone_decode", "record_fit_prompts", "online_fit_checks",
+            "gate_fit_and_checks"} \
         <= set(took["seconds"]) and all(v >= 0 for v in took["seconds"].values())
     assert took["host"]["cpus"] >= 1 and took["host"]["model"]
     assert sha(tiny_llama_base) == before

@@ -15,29 +15,38 @@ import torch
 
 from ..format import RiverError
 from ..reference import Policy
-from .parallel import gated_pass, prefilled
+from .parallel import gated_passes, prefilled
 from .record import entropy, kl_div
 from .rule import spearman
 from .target import Settings, Target
 
 
-def online_gated(model, ref: dict, gate: float, batch: int) -> dict:
+def online_gated(model, ref: dict, gate: float, batch: int, guess_from: list | None = None,
+                 entropies: list | None = None) -> dict:
     """The gated mode teacher-forced over the reference's tokens as it runs: every token on the river first,
     re-decoded on the backbone (its cells rewritten) where the river's entropy >= gate, so the river-written
-    K/V of the tokens that did not fall back feed later ones. Each prompt's tokens in a few passes
-    (parallel.gated_pass), where online_gated_stepwise() runs one step per token."""
+    K/V of the tokens that did not fall back feed later ones. Each prompt's tokens in a few passes, the batch's
+    prompts together (parallel.gated_passes), where online_gated_stepwise() runs one step per token.
+
+    guess_from: per prompt (ref's order), the river's entropy per token from an earlier check of these prompts; the
+    passes take "entropy >= gate" as their first guess (the result does not depend on it; at the next gate down
+    nearly every token keeps its guess, and the check runs far fewer passes). entropies: a list that receives this
+    check's, for the next."""
     kls, agrees, falls, passes = [], [], [], []
     items = list(ref.values())
     with torch.no_grad():
         for b0 in range(0, len(items), batch):
             chunk = items[b0:b0 + batch]
             caches = prefilled(model, chunk, Policy.backbone())
-            for (_, t, lp), c in zip(chunk, caches):
-                lg, fall, n = gated_pass(model, c, t, gate, entropy)
+            guesses = [g >= gate for g in guess_from[b0:b0 + batch]] if guess_from is not None else None
+            done = gated_passes(model, caches, [t for _, t, _ in chunk], gate, entropy, guesses=guesses)
+            for (_, t, lp), (lg, fall, n, ent) in zip(chunk, done):
                 kls.append(kl_div(lp[:len(t)], lg))
                 agrees.append((lg.argmax(-1) == lp[:len(t)].argmax(-1)).float())
                 falls.append(fall.float())
                 passes.append(n)
+                if entropies is not None:
+                    entropies.append(ent)
     mean = lambda xs: float(torch.cat(xs).mean())
     return {"kl": mean(kls), "agreement": mean(agrees), "fallback_rate": mean(falls),
             "tokens_per_prompt": min(len(t) for _, t, _ in items), "passes": max(passes)}
@@ -134,11 +143,13 @@ def gate_report(model, fit: dict, test: dict, target: Target, s: Settings, tick=
     online over online_tokens and tightened (as the rule is) until it meets the target there. tick(n): n prompts
     checked online (3 fit checks at most, then the test's)."""
     fit_rec, fit_ref, test_rec, test_ref = fit["gate"], fit["ref"], test["gate"], test["ref"]
-    inflation, checks = 1.0, 0
+    inflation, checks, ents = 1.0, 0, None
     for _ in range(3):
         checks += 1
         gate = fit_gate(fit_rec, _scaled(target, inflation))
-        fit_online = online_gated(model, fit_ref, gate, s.batch)
+        got: list = []   # this check's river entropies: the next check's first guesses, at its lower gate
+        fit_online = online_gated(model, fit_ref, gate, s.batch, guess_from=ents, entropies=got)
+        ents = got
         tick(len(fit_ref))
         if target.met({**fit_online, "depth": 0}):
             break

@@ -37,14 +37,16 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(lp.exp() * lp).sum(-1)
 
 
-def decode_backbone(model: RiverModel, prompts: list[list[int]], n: int):
-    """Greedy backbone decoding in lockstep: caches, decoded tokens, and per step h_0..h_L and logits."""
+def decode_backbone(model: RiverModel, prompts: list[list[int]], n: int, hidden_steps: int | None = None):
+    """Greedy backbone decoding in lockstep: caches, decoded tokens, and per step h_0..h_L (of the first
+    hidden_steps steps; default all) and logits."""
     size = max(map(len, prompts)) + n + 1  # one size: _clean_exits stacks the caches
     caches = [model.new_cache(size) for _ in prompts]
-    if not model.emulate:   # every cache a view of one tensor, for the batched steps
-        K, V = torch.zeros(2, len(prompts), *caches[0].k.shape)
+    if not model.emulate:   # every cache a view of one tensor [L, B, G, size, D], for the batched steps' attention
+        a = model.args
+        K, V = torch.zeros(2, a.n_layer, len(prompts), a.n_head_kv, size, a.head_dim)
         for b, c in enumerate(caches):
-            c.k, c.v = K[b], V[b]
+            c.k, c.v = K[:, b].transpose(1, 2), V[:, b].transpose(1, 2)   # the Cache's [L, size, G, D]
     st = model.step(list(zip(prompts, caches)), Policy.backbone(), per_sequence=True)
     last = torch.stack([lg[-1] for lg in st.logits])
     toks, hid, logits, pos = [], [], [], []
@@ -56,40 +58,45 @@ def decode_backbone(model: RiverModel, prompts: list[list[int]], n: int):
                             keep_hidden=True)
             h, last = st.hidden, torch.cat(st.logits)
         else:
-            h, last = _backbone_step(model, K, V, nxt, torch.tensor(pos[-1]))
+            h, last = _backbone_step(model, K, V, nxt, torch.tensor(pos[-1]),
+                                     hidden_steps is None or len(hid) < hidden_steps)
             for c in caches:
                 c.n += 1
         toks.append(nxt)
-        hid.append(h)                               # [L+1, B, d]
+        if hidden_steps is None or len(hid) < hidden_steps:
+            hid.append(h)                           # [L+1, B, d]
         logits.append(last)
     return caches, toks, torch.stack(hid, 2), torch.stack(logits, 1), torch.tensor(pos).T
 
 
 @torch.no_grad()
-def _backbone_step(model: RiverModel, K: torch.Tensor, V: torch.Tensor, tokens: list[int], pos: torch.Tensor):
-    """One token per sequence through the backbone, the sequences' caches stacked (K, V: [B, L, size, G, D]): what
-    RiverModel.step does with the backbone policy, in one attention per layer where it runs one per sequence (their
-    many small operations were most of a step). Returns h_0..h_L [L+1, B, d] and the logits [B, vocab]."""
+def _backbone_step(model: RiverModel, K: torch.Tensor, V: torch.Tensor, tokens: list[int], pos: torch.Tensor,
+                   keep_hidden: bool = True):
+    """One token per sequence through the backbone, the sequences' caches stacked (K, V: [L, B, G, size, D], so that
+    a layer's keys are one batched matrix product's operand as they lie): what RiverModel.step does with the backbone
+    policy, in one attention per layer where it runs one per sequence (their many small operations were most of a
+    step). Returns h_0..h_L [L+1, B, d] (None without keep_hidden) and the logits [B, vocab]."""
     a, B = model.args, len(tokens)
     rep, S, rows = a.n_head // a.n_head_kv, int(pos.max()) + 1, torch.arange(B)
     back = pos[:, None] - torch.arange(S)[None, :]              # query position - key position, [B, S]
     h = model.backbone[0].embed(a, model.tok_embd[torch.tensor(tokens, dtype=torch.long)])
-    hidden = [h.clone()]
+    hidden = [h.clone()] if keep_hidden else None
     for il, blk in enumerate(model.backbone):
         masked = (back < 0) | (back >= blk.window) if blk.window else back < 0
 
         def attend(q, k, v, il=il, blk=blk, masked=masked):
-            K[rows, il, pos], V[rows, il, pos] = k, v
+            K[il][rows, :, pos], V[il][rows, :, pos] = k, v
             qg = q.view(B, a.n_head_kv, rep, a.head_dim)
-            sc = torch.einsum("bgrd,bsgd->bgrs", qg, K[:, il, :S]) * blk.kq_scale
+            sc = torch.matmul(qg, K[il, :, :, :S].transpose(-1, -2)) * blk.kq_scale     # [B, G, rep, S]
             pr = torch.softmax(sc.masked_fill(masked[:, None, None, :], float("-inf")), -1)
-            return torch.einsum("bgrs,bsgd->bgrd", pr, V[:, il, :S]).reshape(B, a.n_head, a.head_dim)
+            return torch.matmul(pr, V[il, :, :, :S]).reshape(B, a.n_head, a.head_dim)
         h = blk(h, pos, attend)
-        hidden.append(h.clone())
+        if keep_hidden:
+            hidden.append(h.clone())
     logits = model.head(rms_norm(h, model.out_norm, a.eps))
     if a.softcap:
         logits = torch.tanh(logits / a.softcap) * a.softcap
-    return torch.stack(hidden), logits
+    return torch.stack(hidden) if keep_hidden else None, logits
 
 
 def clean_exits(model: RiverModel, caches: list[Cache], hid: torch.Tensor, pos: torch.Tensor, layers):
@@ -126,30 +133,69 @@ def massive_dims(hid: torch.Tensor, k: int = 4, ratio: float = 20.0) -> list[int
     return sorted(int(i) for v, i in zip(top.values, top.indices) if v > ratio)
 
 
-def decode_batches(model: RiverModel, prompts: list[list[int]], s: Settings, ref: dict):
-    """The backbone decoding the prompts greedily, s.batch at a time, as far as the online checks go
-    (online_tokens); ref[i] = (prompt, tokens, log-probs) over all of them, and per batch (b0, batch,
-    caches, hid, logits, pos, logp) cut to the first decode_tokens, the tokens whose signals are recorded."""
-    T = s.decode_tokens
-    for b0 in range(0, len(prompts), s.batch):
-        batch = prompts[b0:b0 + s.batch]
-        caches, toks, hid, logits, pos = decode_backbone(model, batch, max(T, s.online_tokens))
+# Prompts the backbone decodes in lockstep. A decode step is one token per prompt and reads every weight: 8 rows or
+# 16 cost about the same (a 576x1536 product, 8 rows 0.45 ms, 16 rows 0.54 ms on the AMD EPYC Zen 4 host, 2 cores),
+# so the calibration decodes its fit and test prompts together, 16 at a time (Settings.batch, 8, is the checks').
+DECODE_WIDTH = 16
+
+
+@dataclass
+class Decoded:
+    """One prompt's greedy backbone decode: its cache (the backbone's K/V), tokens, the log-probs of every step, and of
+    the first decode_tokens steps (the recorded ones) h_0..h_L [L+1, T, d], logits and positions."""
+    prompt: list[int]
+    cache: Cache
+    tokens: list[int]
+    logp: torch.Tensor
+    hid: torch.Tensor
+    logits: torch.Tensor
+    pos: torch.Tensor
+
+
+def decode(model: RiverModel, prompts: list[list[int]], s: Settings,
+           tick: Callable[[int], None] = lambda n: None) -> list[Decoded]:
+    """The backbone decoding the prompts greedily, DECODE_WIDTH at a time, as far as the online checks go
+    (online_tokens); what record() needs of each, cut to the first decode_tokens where only those are recorded."""
+    T, out = s.decode_tokens, []
+    for b0 in range(0, len(prompts), DECODE_WIDTH):
+        batch = prompts[b0:b0 + DECODE_WIDTH]
+        caches, toks, hid, logits, pos = decode_backbone(model, batch, max(T, s.online_tokens), hidden_steps=T)
         logp = torch.log_softmax(logits, -1)                       # [B, n, V]
-        for i, p in enumerate(batch):
-            ref[b0 + i] = (p, [t[i] for t in toks], logp[i])
-        yield b0, batch, caches, hid[:, :, :T], logits[:, :T], pos[:, :T], logp[:, :T]
+        out += [Decoded(p, caches[i], [t[i] for t in toks], logp[i], hid[:, i, :T], logits[i, :T].clone(),
+                        pos[i, :T]) for i, p in enumerate(batch)]
+        del logits
+        tick(len(batch))
+    return out
+
+
+def decode_batches(model: RiverModel, prompts: list[list[int]], s: Settings, ref: dict,
+                   decoded: list[Decoded] | None = None):
+    """The prompts' backbone decodes (decode(), unless given), s.batch at a time; ref[i] = (prompt, tokens,
+    log-probs) over all of them, and per batch (b0, batch, caches, hid, logits, pos, logp) cut to the first
+    decode_tokens, the tokens whose signals are recorded."""
+    T = s.decode_tokens
+    decoded = decode(model, prompts, s) if decoded is None else decoded
+    for b0 in range(0, len(prompts), s.batch):
+        batch, ds = prompts[b0:b0 + s.batch], decoded[b0:b0 + s.batch]
+        for i, d in enumerate(ds):
+            ref[b0 + i] = (d.prompt, d.tokens, d.logp)
+        hid = torch.stack([d.hid for d in ds], 1)
+        logp = torch.stack([d.logp[:T] for d in ds])
+        yield (b0, batch, [d.cache for d in ds], hid, torch.stack([d.logits for d in ds]),
+               torch.stack([d.pos for d in ds]), logp)
 
 
 def record(model: RiverModel, prompts: list[list[int]], s: Settings, tick: Callable[[int], None] = lambda n: None,
-           massive: list[int] | None = None) -> tuple[Trace, dict]:
+           massive: list[int] | None = None, decoded: list[Decoded] | None = None) -> tuple[Trace, dict]:
     """The backbone decoding the prompts once, and per recorded decode token: the paper's signal at every layer
     (also without the massive dimensions), the clean cost of exiting after every layer (a Trace, for the rule),
     and the all-river figures of the gated mode's gate (aux["gate"]: KL, agreement, entropy, top-1 margin);
-    aux["ref"]: the backbone's tokens and log-probs for the online checks of both."""
+    aux["ref"]: the backbone's tokens and log-probs for the online checks of both. decoded: the prompts' decode()
+    (else it decodes them)."""
     L = model.args.n_layer
     parts, ref, gate = [], {}, {k: [] for k in ("kl", "agree", "entropy", "margin")}
     T = s.decode_tokens
-    for b0, batch, caches, hid, logits, pos, logp in decode_batches(model, prompts, s, ref):
+    for b0, batch, caches, hid, logits, pos, logp in decode_batches(model, prompts, s, ref, decoded):
         if massive is None:
             massive = massive_dims(hid)
         top = logits.argmax(-1)

@@ -59,12 +59,8 @@ class Block(llama.Block):
         q, k = (llama.rope(y, pos, a.n_rot, self.base, self.neox) for y in (q, k))
         return q * self.q_scale, k
 
-    def __call__(self, h, pos, attend):
+    def finish(self, h, attn):
         a, T, norm = self.args, h.shape[0], llama.rms_norm
-        x = norm(h, self.attn_norm, a.eps)
-        q, k = self.qk(self.q(x).view(T, a.n_head, a.head_dim), self.k(x).view(T, a.n_head_kv, a.head_dim))
-        q, k = self.rotate(q, k, pos)
-        v = self.v(x).view(T, a.n_head_kv, a.head_dim)
-        h = h + norm(self.o(attend(q, k, v).reshape(T, -1)), self.post_attn, a.eps)
+        h = h + norm(self.o(attn.reshape(T, -1)), self.post_attn, a.eps)
         x = norm(h, self.ffn_norm, a.eps)
         return h + norm(self.down(self.gelu(self.gate(x)) * self.up(x)), self.post_ffn, a.eps)

@@ -64,13 +64,21 @@ class Block:
         a = self.args
         return tuple(rope(y, pos, a.n_rot, a.rope_base, self.neox, a.rope_freqs) for y in (q, k))
 
-    def __call__(self, h: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
-        """h: [T, n_embd]; attend(q, k, v) -> [T, n_head, head_dim] owns the KV cache."""
+    def project(self, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q and k (rotated), v of the tokens h [T, n_embd] at positions pos: [T, heads, head_dim] each."""
         a, T = self.args, h.shape[0]
         x = rms_norm(h, self.attn_norm, a.eps)
         q, k = self.qk(self.q(x).view(T, a.n_head, a.head_dim), self.k(x).view(T, a.n_head_kv, a.head_dim))
         q, k = self.rotate(q, k, pos)
-        v = self.v(x).view(T, a.n_head_kv, a.head_dim)
-        h = h + self.o(attend(q, k, v).reshape(T, -1))
+        return q, k, self.v(x).view(T, a.n_head_kv, a.head_dim)
+
+    def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its input h and the attention's output attn [T, n_head, head_dim]."""
+        a, T = self.args, h.shape[0]
+        h = h + self.o(attn.reshape(T, -1))
         x = rms_norm(h, self.ffn_norm, a.eps)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+    def __call__(self, h: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
+        """h: [T, n_embd]; attend(q, k, v) -> [T, n_head, head_dim] owns the KV cache."""
+        return self.finish(h, attend(*self.project(h, pos)))
