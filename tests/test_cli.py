@@ -150,10 +150,11 @@ def test_a_killed_build_leaves_nothing_behind(tiny_llama_base, tmp_path, sig):
     import sys
     import time
 
-    (tmp_path / "short.txt").write_text("\n".join(SHORT) + "\n")
+    (tmp_path / "short.txt").write_text("\n".join(SHORT * 4) + "\n")
     folder = tmp_path / "out"
     folder.mkdir()
-    # 1500 tokens per prompt: a calibration of many seconds on the tiny model, so the signal lands inside it
+    # 1500 tokens per prompt, every prompt four times: a calibration of many seconds on the tiny model (the one-pass
+    # checks made one prompt each finish within a second), so the signal lands inside it
     proc = subprocess.Popen([sys.executable, "-m", "river_edge.cli.main", "build", str(tiny_llama_base), "-o",
                              str(folder / "out.gguf"), "--online-tokens", "1500", "--prompts", str(tmp_path / "short.txt")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -162,7 +163,7 @@ def test_a_killed_build_leaves_nothing_behind(tiny_llama_base, tmp_path, sig):
         while not list(folder.glob(".out.gguf.*.uncalibrated.gguf")):   # the build has started
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.02)
-        time.sleep(1.0)   # into the build or the calibration
+        time.sleep(0.3)   # into the build or the calibration
         assert proc.poll() is None
         proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=120)
