@@ -36,6 +36,9 @@ def head_table(out: Path) -> list[str]:
                              f"{_x(d.get('exact:head_x_shipped'))} | {_x(d.get('exact:ngram_x_shipped')).split(' ')[0]} | "
                              f"{same['exact:head']}/{d['prompts']}, {same['exact:ngram']}/{d['prompts']} | "
                              f"{st.get('acceptance', float('nan')):.2f} | {st.get('rows', '-')} |")
+        said = [f"- {r['model']}: {r['note'].split('; ', 1)[1]}." for r in recs if "; " in r.get("note", "")]
+        if said:
+            lines += ["", *said]
         if len({B.build_of(r) for r in recs}) > 1:
             lines.append("")
             lines.append("Builds differ between these rows: " + ", ".join(
