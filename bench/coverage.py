@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def answer(llm, prompt: list[int], n: int) -> list[int]:
+    """The greedy answer, n tokens or to its end (the stock runtime and every mode alike: bench/stocktext.py too)."""
     out = []
     for tok in llm.generate(prompt, temp=0.0, reset=True):
         out.append(int(tok))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from bench.coverage import answer
 from bench.head import CHAT, edit_prompts
 from river_edge import zoo
 from river_edge.host import host
@@ -47,7 +48,7 @@ def check_file(path: str, river: bool, n: int, threads: int, only=None) -> dict:
     kw = dict(n_ctx=2048, seed=0, n_threads=threads, n_threads_batch=threads, verbose=False)
     stock = llama_cpp.Llama(path, **kw)
     work = {"chat": [chat_tokens(stock, t) for t in CHAT], "edit": [chat_tokens(stock, t) for t in edit_prompts()]}
-    ref = {w: [_greedy(stock, p, n) for p in ps] for w, ps in work.items()}
+    ref = {w: [answer(stock, p, n) for p in ps] for w, ps in work.items()}
     del stock
     res = {}
     for name, make in configs(path, river, kw):
@@ -55,7 +56,7 @@ def check_file(path: str, river: bool, n: int, threads: int, only=None) -> dict:
             continue
         t0 = time.perf_counter()
         llm = make()
-        same = {w: [_greedy(llm, p, n) == r for p, r in zip(ps, ref[w])] for w, ps in work.items()}
+        same = {w: [answer(llm, p, n) == r for p, r in zip(ps, ref[w])] for w, ps in work.items()}
         st = llm.stats()
         res[name] = {w: {"same": sum(s), "of": len(s), "differ": [i for i, x in enumerate(s) if not x]}
                      for w, s in same.items()}
@@ -66,15 +67,6 @@ def check_file(path: str, river: bool, n: int, threads: int, only=None) -> dict:
                                                         if isinstance(v, dict)), file=sys.stderr)
         del llm
     return res
-
-
-def _greedy(llm, prompt: list[int], n: int) -> list[int]:
-    out = []
-    for tok in llm.generate(prompt, temp=0.0, reset=True):
-        out.append(int(tok))
-        if len(out) >= n or llama_cpp.llama_vocab_is_eog(llm._model.vocab, int(tok)):
-            break
-    return out
 
 
 def main() -> None:
