@@ -157,7 +157,10 @@ def test_a_killed_build_leaves_nothing_behind(tiny_llama_base, tmp_path, sig):
     # checks made one prompt each finish within a second), so the signal lands inside it
     proc = subprocess.Popen([sys.executable, "-m", "river_edge.cli.main", "build", str(tiny_llama_base), "-o",
                              str(folder / "out.gguf"), "--online-tokens", "1500", "--prompts", str(tmp_path / "short.txt")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as from a terminal: a suite started in the background (`make test &`) ignores SIGINT,
+                            # and so would the build it starts, finishing with 0
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not list(folder.glob(".out.gguf.*.uncalibrated.gguf")):   # the build has started
