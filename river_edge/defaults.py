@@ -25,6 +25,8 @@ from .gguf_tools.inspect import inspect_gguf
 from .gguf_tools.reader import open_gguf, value
 from .gguf_tools.writer import check_not_input, temp_beside
 from .progress import Progress, no_progress
+from .runtime import headrank
+from .runtime.llama import RiverLlama
 
 # What `river build` fits to unless told otherwise: a quality budget, mean KL of the next-token
 # distribution against the backbone. On SmolLM2-135M with a Q4_0 river all-river costs about 0.12 and
@@ -69,7 +71,7 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
 
     kw = dict(backbone=backbone, river=river, layer_types=layer_types, imatrix=imatrix, head=head, progress=built)
     if target is None:
-        build_river(src, dst, **kw)
+        build_river(src, dst, ranking=rank_vocabulary(src, say), **kw)
         return None
     settings = settings or Settings()
     check_target(src, target)
@@ -77,11 +79,26 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
     tmp = temp_beside(dst, ".uncalibrated.gguf")
     try:
         t0 = time.monotonic()
-        build_river(src, tmp, **kw)
-        return calibrate_file(tmp, dst, target, settings, say, label=dst.name, prompts=prompts,
-                              seconds={"build_river_gguf": round(time.monotonic() - t0, 2)})
+        ranking = rank_vocabulary(src, say)
+        took = {"head_ranking": round(time.monotonic() - t0, 2)}
+        t0 = time.monotonic()
+        build_river(src, tmp, ranking=ranking, **kw)
+        took["build_river_gguf"] = round(time.monotonic() - t0, 2)
+        return calibrate_file(tmp, dst, target, settings, say, label=dst.name, prompts=prompts, seconds=took)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def rank_vocabulary(src: Path, say: Progress) -> np.ndarray:
+    """The head drafter's ranking of the vocabulary (runtime/headrank.py: the model's own greedy answers), from the
+    base model, which the backbone holds (rounded to f16 at most): stored in the river GGUF, so that head drafting
+    over it starts without a sidecar."""
+    say("ranking the vocabulary for head drafting", 0, 0)
+    llm = RiverLlama(str(src), n_ctx=512, n_threads=os.cpu_count(), mode="backbone", verbose=False)
+    try:
+        return headrank.build(llm)
+    finally:
+        llm.close()
 
 
 def default_river_path(model: str = zoo.DEFAULT_MODEL) -> Path:

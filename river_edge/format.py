@@ -25,6 +25,7 @@ KEY_TOOL_VERSION = "river.tool_version"
 KEY_IMATRIX_SHA = "river.imatrix_sha256"
 KEY_GATE = "river.gate_entropy"        # gated mode: fall back to the backbone at river entropy >= this (nats)
 KEY_GATE_SUMMARY = "river.gate_summary"
+KEY_HEAD_RANKING = "river.head_ranking"   # head drafting: every vocabulary id, most emitted first (Python reads it)
 
 DEFAULT_MIN_EXIT_LAYER = 1
 # The C API's sentinels (llama.h, LLAMA_RIVER_*), one meaning each: exit layers are -1 (all river) .. n_layer-1
@@ -111,6 +112,20 @@ def check_nonnegative(v, what: str) -> float:
     if not x >= 0.0:   # (NaN too)
         raise RiverError(f"{what} {x} out of range: a number >= 0")
     return x
+
+
+def check_ranking(v, n_vocab: int, what: str = "head ranking") -> list[int]:
+    """The trimmed head's ranking: every vocabulary id once (0..n_vocab-1), most emitted first."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
+        raise RiverError(f"{what} must be a list of {n_vocab} token ids, got {type(v).__name__}")
+    if len(v) != n_vocab:
+        raise RiverError(f"{what}: need {n_vocab} token ids (the vocabulary), got {len(v)}")
+    seen = bytearray(n_vocab)
+    for i, t in enumerate(v):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < n_vocab or seen[t]:
+            raise RiverError(f"{what}[{i}] {t!r}: every id 0..{n_vocab - 1} must appear once")
+        seen[t] = 1
+    return [int(t) for t in v]
 
 
 def check_min_exit_layer(v, n_layer: int, what: str = "min exit layer") -> int:

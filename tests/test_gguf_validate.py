@@ -98,3 +98,32 @@ def test_inspect(tiny_qwen2, tiny_llama_base):
     base = inspect_gguf(tiny_llama_base)
     assert not base["river"] and base["backbone_types"] == {"q4_1": 30, "f32": 9} and base["problems"] == []
     assert "none (a base model)" in format_report(base)
+
+
+def _vocab(path) -> int:
+    from river_edge.gguf_tools.reader import n_vocab_of, open_gguf
+    return n_vocab_of(open_gguf(path))
+
+
+@pytest.mark.parametrize("case", ["short", "repeat", "out of range", "float"])
+def test_a_bad_head_ranking_is_one_problem_for_validate_and_the_runtime(case, tiny_llama, tmp_path):
+    """river.head_ranking (head drafting's vocabulary order) is every token id once: validate() and the runtime's
+    reader (runtime/headrank.py through inspect.head_ranking) apply format.check_ranking alike."""
+    from river_edge.gguf_tools.inspect import head_ranking
+
+    n = _vocab(tiny_llama)
+    ids = list(range(n))[::-1]
+    value, sub, fragment = {
+        "short": (ids[:-1], V.INT32, f"need {n} token ids"),
+        "repeat": (ids[:-1] + [ids[0]], V.INT32, "must appear once"),
+        "out of range": (ids[:-1] + [n], V.INT32, "must appear once"),
+        "float": ([float(i) for i in ids], V.FLOAT32, "must be array of int32, not array of float32"),
+    }[case]
+    bad = rewrite(tiny_llama, tmp_path / "bad.gguf", keys={F.KEY_HEAD_RANKING: (value, V.ARRAY, sub)})
+    problems = validate(bad)
+    assert len(problems) == 1 and F.KEY_HEAD_RANKING in problems[0] and fragment in problems[0], problems
+    with pytest.raises(RiverError, match=fragment):
+        head_ranking(bad)
+    good = rewrite(tiny_llama, tmp_path / "good.gguf", keys={F.KEY_HEAD_RANKING: (ids, V.ARRAY, V.INT32)})
+    assert validate(good) == [] and head_ranking(good).tolist() == ids
+    assert head_ranking(tiny_llama) is None

@@ -120,6 +120,22 @@ def test_the_ranking_is_built_once_per_file_and_a_damaged_one_again(tiny_qwen2_b
     assert list(side.parent.glob("*.tmp")) == []
 
 
+def test_a_river_gguf_carries_its_ranking(tiny_qwen2_base, tmp_path):
+    """`river build` stores the ranking in the river GGUF (river.head_ranking): the head drafter reads it there and
+    writes no sidecar; a bad one is refused when the river is built."""
+    from river_edge.format import RiverError
+    from river_edge.gguf_tools.build import build_river
+
+    n = _llm(tiny_qwen2_base).decoder.n_vocab
+    perm = np.random.default_rng(0).permutation(n).astype(np.int32)
+    out = build_river(tiny_qwen2_base, tmp_path / "r.gguf", ranking=perm)
+    assert np.array_equal(headrank.load_or_build(_llm(out)), perm)
+    assert not headrank.sidecar(out).exists() and not headrank.sidecar(tiny_qwen2_base).exists()
+    with pytest.raises(RiverError, match="must appear once"):
+        build_river(tiny_qwen2_base, tmp_path / "bad.gguf", ranking=np.r_[perm[:-1], perm[0]])
+    assert not (tmp_path / "bad.gguf").exists()
+
+
 def test_the_cost_gate_decodes_plainly_where_drafts_cannot_pay():
     """S(k) = E(k, a) t_step / (k t_draft + t_head(k)): drafting only where some k beats a plain step."""
     from river_edge.runtime.headdraft import Clock

@@ -150,6 +150,12 @@ def test_temporary_files_of_a_long_output_name_fit_and_are_swept(tiny_llama_base
     s = Settings(n_prompts=2, decode_tokens=2, online_tokens=2, prompts=["What is 1 plus 1?", "Hi"])
     build_calibrated_river(tiny_llama_base, out, settings=s)
     assert out.is_file() and Path(f"{out}.calibration.png").is_file() and Path(f"{out}.calibration.json").is_file()
+    # with the head drafter's ranking of the vocabulary, from the base model's own greedy text
+    from river_edge.gguf_tools.inspect import head_ranking
+    from river_edge.runtime import headrank
+
+    base = R.RiverLlama(str(tiny_llama_base), n_ctx=512, mode="backbone")
+    assert np.array_equal(head_ranking(out), headrank.build(base))
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == sorted([alive.name, other.name])
 
 

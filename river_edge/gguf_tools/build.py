@@ -16,7 +16,7 @@ from river_edge.format import RiverError
 from river_edge.progress import Progress
 
 from . import quant
-from .reader import ggml_shape, n_dims, open_gguf, value
+from .reader import ggml_shape, n_dims, n_vocab_of, open_gguf, value
 from .writer import Tensor, arch_of, check_dst, copy, kv_of, write
 
 _INT = {T.I8, T.I16, T.I32, T.I64, T.F64}
@@ -143,9 +143,11 @@ def _river_tensor(bt: Tensor, layer: int, weight: str, rtype: str, imatrix: dict
                    lambda: quant.quantize(to_f32(bt.data(), bt.qtype, bt.name), qt, im))
 
 
-def _river_kv(river: str, types: list[str], backbone: str, source_sha: str, imatrix_sha: str) -> list[tuple]:
+def _river_kv(river: str, types: list[str], backbone: str, source_sha: str, imatrix_sha: str,
+              ranking: Sequence[int] | None) -> list[tuple]:
     n = len(types)
-    return [
+    rank = [] if ranking is None else [(F.KEY_HEAD_RANKING, list(ranking), V.ARRAY, V.INT32)]
+    return rank + [
         (F.KEY_VERSION, F.FORMAT_VERSION, V.UINT32, None),
         (F.KEY_TYPE, river, V.STRING, None),
         (F.KEY_LAYER_TYPES, types, V.ARRAY, V.STRING),
@@ -163,13 +165,15 @@ def _river_kv(river: str, types: list[str], backbone: str, source_sha: str, imat
 def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: str = "q4_0",
                 layer_types: str | Sequence[str] | None = None,
                 imatrix: Mapping[str, np.ndarray] | str | Path | None = None,
-                head: str = F.DEFAULT_HEAD_TYPE, progress: Progress | None = None) -> Path:
+                head: str = F.DEFAULT_HEAD_TYPE, ranking: Sequence[int] | None = None,
+                progress: Progress | None = None) -> Path:
     """Write a river GGUF at `dst` from the base GGUF `src` (never modified); returns `dst`.
 
     `backbone`: keep | f16 | q8_0. `river`: the default river type; `layer_types` one type per layer
     (overrides `river`). `imatrix`: {backbone tensor name: float32[n_per_row]} or a llama-imatrix GGUF.
     k-quant river types fall back per tensor as llama-quantize does when rows are not a multiple of 256.
     `head`: type of the river LM head (river.output.weight, used only for all-river drafting), or "none".
+    `ranking`: the head drafter's vocabulary ranking (runtime/headrank.py), stored as river.head_ranking.
     """
     src, dst = Path(src), Path(dst)
     if backbone not in F.BACKBONE_TYPES:
@@ -220,7 +224,9 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
     out = backbone_tensors + river_tensors
     if progress:
         progress("sha256 of the source", 0, len(out))  # seconds on a 1 GB model: say so
-    kv += _river_kv(river, types, backbone, sha256_file(src), im_sha)
+    if ranking is not None:
+        ranking = F.check_ranking(ranking, n_vocab_of(r), "head ranking")
+    kv += _river_kv(river, types, backbone, sha256_file(src), im_sha, ranking)
     write(dst, arch, kv, out, progress)
     return dst
 

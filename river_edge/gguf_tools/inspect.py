@@ -6,13 +6,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf import GGUFValueType
 
 from river_edge import format as F
 from river_edge.format import RiverError
 
 from . import quant
-from .reader import ggml_shape, open_gguf, value
+from .reader import ggml_shape, n_vocab_of, open_gguf, value
 
 
 def _typed(r, key: str, *allowed: tuple[GGUFValueType, ...]):
@@ -37,6 +38,7 @@ KEY_TYPES = {
     F.KEY_THRESHOLDS: [(GGUFValueType.ARRAY, GGUFValueType.FLOAT32)],
     F.KEY_MIN_EXIT: [(GGUFValueType.UINT32,), (GGUFValueType.INT32,)],
     F.KEY_GATE: [(GGUFValueType.FLOAT32,)],
+    F.KEY_HEAD_RANKING: [(GGUFValueType.ARRAY, GGUFValueType.INT32)],   # Python's alone (runtime/headrank.py)
 }
 
 
@@ -47,6 +49,7 @@ def _key_problems(r, n_layer: int) -> list[str]:
         (F.KEY_THRESHOLDS, lambda v, k: F.check_thresholds(v, n_layer, k)),
         (F.KEY_MIN_EXIT, lambda v, k: F.check_min_exit_layer(v, n_layer, k)),
         (F.KEY_GATE, F.check_gate),
+        (F.KEY_HEAD_RANKING, lambda v, k: F.check_ranking(v, n_vocab_of(r), k)),
     )
     for key, check in checks:
         try:
@@ -56,6 +59,14 @@ def _key_problems(r, n_layer: int) -> list[str]:
         except RiverError as e:
             out.append(str(e))
     return out
+
+
+def head_ranking(path: str | Path) -> np.ndarray | None:
+    """The river GGUF's stored head ranking (river.head_ranking) as int32, None where it has none; RiverError naming
+    the problem where it is malformed (validate()'s rule)."""
+    r = open_gguf(path)
+    v = _typed(r, F.KEY_HEAD_RANKING, *KEY_TYPES[F.KEY_HEAD_RANKING])
+    return None if v is None else np.array(F.check_ranking(v, n_vocab_of(r), F.KEY_HEAD_RANKING), dtype=np.int32)
 
 
 def n_layer_of(r, arch) -> int | None:
@@ -152,13 +163,12 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     r = open_gguf(path)
     arch = value(r, "general.architecture")
-    tok = r.fields.get("tokenizer.ggml.tokens")
     hp = lambda k: value(r, f"{arch}.{k}")  # noqa: E731
     info: dict[str, Any] = {
         "path": str(path), "file_bytes": path.stat().st_size, "architecture": arch, "name": value(r, "general.name"),
         "n_layer": n_layer_of(r, arch), "n_embd": hp("embedding_length"), "n_ff": hp("feed_forward_length"),
         "n_head": hp("attention.head_count"), "n_head_kv": hp("attention.head_count_kv"),
-        "vocab": len(tok.data) if tok is not None else hp("vocab_size"),
+        "vocab": n_vocab_of(r) or hp("vocab_size"),
     }
     backbone = [t for t in r.tensors if not t.name.startswith("river.")]
     river = [t for t in r.tensors if t.name.startswith("river.")]

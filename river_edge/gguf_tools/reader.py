@@ -138,6 +138,12 @@ def _check_lengths(p: Path) -> None:
             take(8 * nd + 12, f"tensor {name}")
 
 
+def n_vocab_of(r: GGUFReader) -> int:
+    """The vocabulary's size: the tokenizer's token count (the LM head's rows); 0 without a tokenizer."""
+    f = r.fields.get("tokenizer.ggml.tokens")
+    return len(f.data) if f is not None else 0
+
+
 def value(r: GGUFReader, key: str, default: Any = None) -> Any:
     """A key's value as Python (str, int, float, bool, list), or `default` when absent."""
     f = r.fields.get(key)

@@ -3,8 +3,8 @@
 Ranked by the model's own greedy answers to the packaged prompts (their tokens count 4), then the prompts' own tokens
 (1), then the rest by the vocabulary's scores and ids: FR-Spec's "tokens the model emits most", measured on the model
 rather than assumed from token ids (on Gemma 3, a tenth of the argmaxes of its own text sit near id 236,800). Built
-in seconds (a time budget bounds the generation), and kept in a sidecar under the cache, keyed by the file's hash: the
-input model is never modified.
+in seconds (a time budget bounds the generation). `river build` stores it in the river GGUF (river.head_ranking); for
+any other file it is kept in a sidecar under the cache, keyed by the file's hash: the input model is never modified.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from river_edge import zoo
 from river_edge.calibration.prompts import default_prompts
+from river_edge.gguf_tools.inspect import head_ranking
 
 N_PROMPTS = 16
 N_TOKENS = 48
@@ -39,9 +40,12 @@ def sidecar(path) -> Path:
 
 
 def load_or_build(llm) -> np.ndarray:
-    """The model file's ranking: from its sidecar, else built now and saved (atomically: a temporary file renamed)."""
-    side = sidecar(llm.model_path)
+    """The model file's ranking: the one its river GGUF stores, else its sidecar's, else built now and saved to the
+    sidecar (atomically: a temporary file renamed)."""
     n_vocab = llm.decoder.n_vocab
+    if getattr(llm, "has_river", False) and (r := head_ranking(llm.model_path)) is not None and len(r) == n_vocab:
+        return r
+    side = sidecar(llm.model_path)
     if side.exists():
         try:
             r = np.load(side, allow_pickle=False)
