@@ -140,27 +140,41 @@ def test_the_cost_gate_decodes_plainly_where_drafts_cannot_pay():
     """S(k) = E(k, a) t_step / (k t_draft + t_head(k)): drafting only where some k beats a plain step."""
     from river_edge.runtime.headdraft import Clock
     c = Clock()
-    assert c.best_k(8) == 0                    # a plain step's cost first
+    assert c.best_k(8, 0.9) == 0               # a plain step's cost first
     c.observe("step", 0.010)
     c.observe("step", 0.010)
-    assert c.best_k(8) == 4                    # then one cycle to measure drafts and the head
+    assert c.best_k(8, 0.9) == 4               # then one cycle to measure drafts and the head
     c.observe("draft", 0.009)
     c.observe("head", 0.008, 4)
-    assert c.best_k(8) == 0                    # 4 x 9 + 8 ms for at most 4 tokens of 10 ms: no k pays
+    assert c.best_k(8, 1.0) == 0               # 4 x 9 + 8 ms for at most 4 tokens of 10 ms: no k pays
     c.observe("draft", 0.004)
     c.observe("draft", 0.004)
-    for _ in range(20):
-        c.judged(4, 0)
-    assert c.best_k(8) > 0
-    for _ in range(40):
-        c.judged(0, 1)                         # every draft rejected: plain again
-    assert c.best_k(8) == 0
-    for _ in range(40):
-        c.judged(4, 0)
-    assert c.best_k(8) > 0
+    assert c.best_k(8, 0.95) > 0
+    assert c.best_k(8, 0.3) == 0               # rows that hold a third of the text: plain
     for _ in range(8):
         c.cycle(4, 0.042, 4)                   # the cycles' own wall time per token says it does not pay
-    assert c.best_k(8) == 0
+    assert c.best_k(8, 0.95) == 0
+
+
+def test_a_request_whose_text_the_rows_hold_drafts_after_one_they_did_not(tiny_qwen2_base):
+    """The gate's acceptance is the rows' coverage of the text, counted on plain steps too, and a new request's own
+    text soon outweighs the last one's: a chat the rows missed must not keep an edit they hold from drafting."""
+    from river_edge.runtime.headdraft import Clock, TrimmedHead
+    dec = _llm(tiny_qwen2_base).decoder
+    ranking = np.arange(dec.n_vocab, dtype=np.int32)
+    h = TrimmedHead(dec, ranking, 8, sizes=(8,))
+    c = Clock()
+    for what, sec, k in (("step", 0.010, 0), ("step", 0.010, 0), ("draft", 0.004, 0), ("head", 0.0065, 1),
+                         ("head", 0.008, 4)):
+        c.observe(what, sec, k)
+    h.begin([1, 2])
+    h.observe(list(range(100, 164)))           # a chat: none of it in the 8 rows
+    assert h.acceptance < 0.1 and c.best_k(8, h.acceptance) == 0
+    h.begin([200, 201, 202])                   # an edit: its answer repeats its prompt
+    h.observe([200, 201, 202] * 6)
+    assert h.acceptance > 0.85 and c.best_k(8, h.acceptance) > 0
+    h.observe([250])                           # a miss: counted as one, then held at any size
+    assert h.missed(250) is False and h.always[250]
 
 
 def test_the_cost_gate_sizes_the_trimmed_head_by_measured_coverage():

@@ -10,8 +10,10 @@ A token the trimmed head missed joins its rows.
 
 Cost gate: S(k) = E(k, a) t_step / (k t_draft + t_head(k)), with E(k, a) = (1 - a^k) / (1 - a) tokens per cycle for
 a per-token acceptance a, from timings of the drafter's own steps (kept across calls), and the cycles' measured wall
-time per token against a plain step's. Where no k gives S > 1 the loop decodes plainly
-(full head, one token per step) and tries again after IDLE tokens. Greedy only: with sampling, logits processors or
+time per token against a plain step's. A draft stands exactly when the full head's token is among the trimmed rows, so
+a is the rows' coverage of the text: counted on every token the request emits, drafted or plain, so that a request
+whose text the rows hold (an edit) drafts though the one before it (a chat) did not. Where no k gives S > 1 the loop
+decodes plainly (full head, one token per step) and measures the drafts again after IDLE tokens. Greedy only: with sampling, logits processors or
 penalties the request goes to the backbone alone.
 """
 from __future__ import annotations
@@ -44,7 +46,7 @@ def row_sizes(n_vocab: int) -> tuple[int, ...]:
 class TrimmedHead:
     """The trimmed head's rows on one context: a ranking's first n ids, the request's own tokens and past misses."""
 
-    def __init__(self, dec, ranking: np.ndarray, n_rows: int, sizes=None):
+    def __init__(self, dec, ranking: np.ndarray, n_rows: int, sizes=()):
         self.dec, self.ranking, self.n_rows = dec, np.asarray(ranking, dtype=np.int32), int(n_rows)
         self.extra: list[int] = []
         self.ids = np.zeros(0, dtype=np.int32)
@@ -52,7 +54,8 @@ class TrimmedHead:
         self.always = np.zeros(dec.n_vocab, dtype=bool)      # the request's prompt and past misses: in at any size
         self.place = np.empty(dec.n_vocab, dtype=np.int64)   # each id's place in the ranking
         self.place[self.ranking] = np.arange(len(self.ranking))
-        self.sizes = np.array(sizes or row_sizes(dec.n_vocab))   # the sizes whose coverage is counted
+        # the sizes whose coverage is counted (the one in use among them)
+        self.sizes = np.array(sorted(set(sizes or row_sizes(dec.n_vocab)) | {self.n_rows}))
         self.seen = np.zeros((len(self.sizes), 2))           # decayed [verified tokens a size holds, all of them]
 
     def observe(self, toks) -> None:
@@ -68,25 +71,41 @@ class TrimmedHead:
         """Each size's share of the verified tokens it held (prior 0.8 worth two tokens)."""
         return {int(n): (h + 1.6) / (t + 2.0) for n, (h, t) in zip(self.sizes, self.seen)}
 
-    def apply(self, more=()) -> bool:
-        """Set the rows (the ranking's head, then `more` and earlier misses); False where the head cannot be
-        trimmed (a repacked or device-held head, an output bias)."""
+    @property
+    def acceptance(self) -> float:
+        """The rows' coverage of the text so far: a draft's chance to stand."""
+        return self.coverage()[self.n_rows]
+
+    def begin(self, prompt) -> None:
+        """A new request: its prompt's tokens join the rows, and its own text soon outweighs the last ones' (they
+        count as two tokens, as the prior does)."""
+        self.seen *= min(1.0, 2.0 / max(self.seen[0, 1], 1e-9))
+        self.prepare(prompt)
+
+    def prepare(self, more=()) -> np.ndarray:
+        """The rows (the ranking's head, then `more` and earlier misses), counted but not set on the context."""
         ids = np.concatenate([self.ranking[: self.n_rows], np.asarray(list(more) + self.extra, dtype=np.int32)])
         ids = ids[(ids >= 0) & (ids < self.dec.n_vocab)]
         ids = ids[np.sort(np.unique(ids, return_index=True)[1])]
-        if self.dec.set_head_rows(ids) != 0:
-            return False
-        self.ids = ids
         self.mask[:] = False
         self.mask[ids] = True
         self.always[:] = False
         self.always[ids[min(self.n_rows, len(self.ranking)):]] = True
+        return ids
+
+    def apply(self, more=()) -> bool:
+        """Set the rows on the context; False where the head cannot be trimmed (a repacked or device-held head, an
+        output bias)."""
+        ids = self.prepare(more)
+        if self.dec.set_head_rows(ids) != 0:
+            return False
+        self.ids = ids
         return True
 
     def missed(self, tok: int) -> bool:
         """Note a verified token outside the rows; True when enough gathered that the rows should be rebuilt."""
         if not self.mask[tok]:
-            self.mask[tok] = True   # counted once
+            self.mask[tok] = self.always[tok] = True   # counted once; in the rows at any size from the next set on
             self.extra.append(int(tok))
             return len(self.extra) % MISSES == 0
         return False
@@ -98,14 +117,14 @@ class TrimmedHead:
 
 class Clock:
     """Running costs (seconds) of the drafter's own steps, kept across calls: a plain step, a draft step, the head
-    over k rows, the drafting cycles' wall time, and the running acceptance."""
+    over k rows, the drafting cycles' wall time (this request's), and the drafts' measured acceptance (reported)."""
 
     def __init__(self):
         self.step = self.draft = None
         self.cycles = [0.0, 0.0]   # drafting cycles' decayed [wall seconds, tokens emitted], overheads and all
         self.n_step = 0
         self.head: dict[int, float] = {}
-        self.acc = [1.6, 0.4]   # decayed [accepted, rejected] drafts: prior 0.8 worth 2 drafts
+        self.acc = [0.0, 0.0]   # decayed [accepted, rejected] drafts
 
     @staticmethod
     def _ema(old, new, w=0.3):
@@ -135,8 +154,8 @@ class Clock:
         self.acc = [0.9 * self.acc[0] + agreed, 0.9 * self.acc[1] + rejected]
 
     @property
-    def acceptance(self) -> float:
-        return self.acc[0] / (self.acc[0] + self.acc[1])
+    def acceptance(self) -> float | None:
+        return self.acc[0] / (self.acc[0] + self.acc[1]) if sum(self.acc) else None
 
     def head_cost(self, k: int) -> float:
         """t_head(k): measured, else a line through the nearest measured sizes (one size: a flat line, so an
@@ -150,16 +169,16 @@ class Clock:
             return self.head[lo]
         return self.head[lo] + (self.head[hi] - self.head[lo]) * (k - lo) / (hi - lo)
 
-    def best_k(self, kmax: int) -> int:
-        """argmax_k S(k), 0 (decode plainly) where no k beats a plain step. Two plain steps first (the first one
-        pays for a graph rebuild), then a cycle of 4 to measure the drafts and the head."""
+    def best_k(self, kmax: int, a: float) -> int:
+        """argmax_k S(k) at acceptance a, 0 (decode plainly) where no k beats a plain step. Two plain steps first (the
+        first one pays for a graph rebuild), then a cycle of 4 to measure the drafts and the head."""
         if self.n_step < 2:
             return 0
         if self.draft is None or not self.head:
             return min(4, kmax)
         if self.cycles[1] >= 16 and self.cycles[0] / self.cycles[1] > 0.98 * self.step:
             return 0   # what the cycles really cost per token, not the model of it, says drafting does not pay
-        return self.speedup(self.acceptance, self.draft, kmax)[0]
+        return self.speedup(a, self.draft, kmax)[0]
 
     def speedup(self, a: float, draft: float, kmax: int) -> tuple[int, float]:
         """(k, S(k)) of the best k for acceptance a and a draft step's cost; (0, 1.0) where none beats a plain step."""
@@ -183,7 +202,7 @@ class Clock:
 
 
 @dataclass
-class Cycle:
+class HeadCycle:
     """One head-drafting cycle at position pos: the kept inputs' logits rows, the tokens it emits."""
     pos: int
     k: int = 0                          # body steps on the trimmed head (0: a plain step)
@@ -226,14 +245,20 @@ class HeadDraft:
             return
         yield pending
         self.idle, self.trimmed, self.prompt, self.st, self.verified = 0, True, tokens, st, 0
+        self.head.begin(tokens)
+        self.head.observe([pending])
+        self.clock.cycles = [0.0, 0.0]   # what drafting cost per token depends on the text: this request's
         dec.keep_hidden(True)
+        n0 = n
         try:
             while n < n_ctx:
-                t0, c = time.perf_counter(), Cycle(n, k=self.choose_k(spec, st, n_ctx - n))
+                t0, c = time.perf_counter(), HeadCycle(n, k=self.choose_k(spec, st, n_ctx - n))
                 self.draft(c, pending) if c.k else self.plain(c, pending)
                 dec.accept([pending] + c.out[:-1], n)
-                # a cycle's whole cost, Python and all: what the gate compares (a plain step's, a draft's per token)
-                if not c.rebuilt:   # (SmolLM2's rebuilds, about twice a step, had its step cost read 19 ms for 8.6)
+                # a cycle's whole cost, Python and all: what the gate compares (a plain step's, a draft's per token).
+                # Not a step that rebuilt the graph: the first after the prompt's batch, or after the trimmed head was
+                # cleared (SmolLM2's, about twice a step, had its step cost read 19 ms for 8.6)
+                if not (c.rebuilt or n == n0):
                     self.clock.cycle(c.k, time.perf_counter() - t0, len(c.out))
                 for i, tok in enumerate(c.out):   # settle: emit in order; a stop keeps the tokens before it
                     if stop is not None and stop(dec.history(n + i + 1), c.rows[i]):
@@ -255,7 +280,8 @@ class HeadDraft:
     def choose_k(self, spec, st, room: int) -> int:
         """The cost gate's k (a test's fixed `draft_k`), 0 for a plain step; the trimmed head set on first use."""
         self.kmax = spec.kmax   # llm.decoding.kmax: drafts per cycle at most
-        k = self.clock.best_k(self.kmax) if spec.draft_k is None else (spec.draft_k() if callable(spec.draft_k) else spec.draft_k)
+        k = (self.clock.best_k(self.kmax, self.head.acceptance) if spec.draft_k is None else
+             spec.draft_k() if callable(spec.draft_k) else spec.draft_k)
         k = min(k, room) if self.trimmed else 0
         if k and not self.head.ids.size:
             self.trimmed = self.head.apply(self.prompt)
@@ -264,19 +290,21 @@ class HeadDraft:
                 return 0
         return k
 
-    def plain(self, c: Cycle, pending: int) -> None:
+    def plain(self, c: HeadCycle, pending: int) -> None:
         """One step on the full head (the trimmed head off): backbone decoding itself."""
         if self.head.ids.size:
             self.head.off()
             c.rebuilt = True
         row = self.dec.decode([pending], c.pos)[0]
         c.rows, c.out = row[None], [int(row.argmax())]
+        self.verified_text(c.out)
+        self.head.missed(c.out[0])   # (gathered for the next rows set)
         self.idle += self.clock.draft is not None
-        if self.idle >= self.idle_limit:    # try drafting again: acceptance or costs may have changed
+        if self.idle >= self.idle_limit:    # measure the drafts again: the costs may have changed
             self.idle, self.idle_limit = 0, min(2 * self.idle_limit, 16 * IDLE)
-            self.clock.acc, self.clock.draft, self.clock.cycles = [1.6, 0.4], None, [0.0, 0.0]
+            self.clock.draft, self.clock.cycles = None, [0.0, 0.0]
 
-    def draft(self, c: Cycle, pending: int) -> None:
+    def draft(self, c: HeadCycle, pending: int) -> None:
         """k body steps on the trimmed head, each step's head input kept; then verify and accept."""
         dec = self.dec
         hs, batch, ts = np.empty((c.k, dec.n_embd), dtype=np.float32), [pending], []
@@ -295,13 +323,13 @@ class HeadDraft:
         self.verify(c, hs)
         self.accept(c, batch)
 
-    def verify(self, c: Cycle, hs: np.ndarray) -> None:
+    def verify(self, c: HeadCycle, hs: np.ndarray) -> None:
         """The full head over the k kept inputs at once: each row a one-token head's bits."""
         t0 = time.perf_counter()
         c.rows = self.dec.head_logits(hs)
         self.clock.observe("head", time.perf_counter() - t0, c.k)
 
-    def accept(self, c: Cycle, batch: list[int]) -> None:
+    def accept(self, c: HeadCycle, batch: list[int]) -> None:
         """Drafts while they are the full head's token, then its own token at the first that is not."""
         g = c.rows.argmax(1)
         j = 0
@@ -309,14 +337,19 @@ class HeadDraft:
             j += 1
         c.out = batch[1:j + 1] + ([int(g[j])] if j < c.k else [])
         self.clock.judged(j, int(j < c.k))
-        self.head.observe(c.out)
-        self.verified += len(c.out)
-        if self.clock.cycles[1] >= 16 and self.clock.best_k(self.kmax):
-            self.idle_limit = IDLE   # measured, drafting pays: a later plain spell tries again soon
+        if self.clock.cycles[1] >= 16 and self.clock.best_k(self.kmax, self.head.acceptance):
+            self.idle_limit = IDLE   # measured, drafting pays: a later plain spell measures again soon
         self.st.cycle("head", c.k, c.k, j)
+        self.verified_text(c.out)
         if j < c.k and self.head.missed(int(g[j])):
             self.head.apply(self.prompt)
-        if self.verified >= RESIZE and self.n_rows is None:   # a size set by hand stays
+
+    def verified_text(self, out: list[int]) -> None:
+        """Tokens the full head chose, plain or drafted (before a miss among them joins the rows): the coverage each
+        size would have had, and every RESIZE of them the size the cost gate prefers (a size set by hand stays)."""
+        self.head.observe(out)
+        self.verified += len(out)
+        if self.verified >= RESIZE and self.n_rows is None:
             self.verified = 0
             self.resize()
 
@@ -327,13 +360,12 @@ class HeadDraft:
         if n != h.n_rows:
             old, h.n_rows = h.n_rows, n
             clock.draft += (n - old) * max(clock.step - clock.draft, 0.0) / max(self.dec.n_vocab - old, 1)
-            a = h.coverage()[n]
-            clock.acc = [10 * a, 10 * (1 - a)]
-            h.apply(self.prompt)
+            h.apply(self.prompt) if h.ids.size else h.prepare(self.prompt)   # on the context only while drafting
 
     def report(self, st) -> None:
         h = self.head
-        st.extra["head"] = {"rows": int(h.n_rows + len(h.extra)), "acceptance": self.clock.acceptance,
+        st.extra["head"] = {"rows": int(h.n_rows + len(h.extra)), "coverage": h.acceptance,
+                            "acceptance": self.clock.acceptance,
                             "step_ms": _ms(self.clock.step), "draft_ms": _ms(self.clock.draft),
                             "head_ms": {k: _ms(v) for k, v in sorted(self.clock.head.items())}}
 
