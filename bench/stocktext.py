@@ -76,15 +76,20 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="these configurations only, merged into the model's existing record")
+    ap.add_argument("--upcast-only", action="store_true", help="the river GGUF alone, merged into the existing record")
     a = ap.parse_args()
-    shipped = str(zoo.prepare(a.model))
-    files = {"shipped": (shipped, False, None)}
+    if a.upcast_only and not a.river:
+        ap.error("--upcast-only needs --river")
+    files = {} if a.upcast_only else {"shipped": (str(zoo.prepare(a.model)), False, None)}
     if a.river:
         files["upcast"] = (a.river, True, "the river GGUF's backbone: the F16 upcast of the shipped weights")
     h = host(a.threads)
     rec = host_folder(HERE / "results", h) / f"stocktext_{a.model}.json"
-    out = json.loads(rec.read_text()) if a.only and rec.exists() else \
+    merge = (a.only or a.upcast_only) and rec.exists()
+    out = json.loads(rec.read_text()) if merge else \
         {"model": a.model, "tokens": a.tokens, "reference": "llama_cpp.Llama on the same file", "files": {}}
+    if merge and out["tokens"] != a.tokens:
+        ap.error(f"{rec.name} was measured at {out['tokens']} tokens: give --tokens {out['tokens']}")
     out["host"] = h
     for key, (path, river, note) in files.items():
         f = out["files"].setdefault(key, {"path": Path(path).name, "modes": {}})
