@@ -208,13 +208,24 @@ def test_the_trimmed_head_counts_what_each_size_would_have_held(tiny_qwen2_base)
 
 
 def test_the_cost_gate_drops_a_step_that_rebuilt_the_graph():
-    """A plain step right after the trimmed head is cleared rebuilds the graph (many times a step): the gate's step
-    cost must not take it, else drafting looks like it pays whatever it costs."""
-    from river_edge.runtime.headdraft import Clock
+    """A plain step right after the trimmed head is cleared rebuilds the graph (many times a step), and a shared
+    machine stalls a step now and then: the gate's step cost (the lower median of the last few) must not take them,
+    else drafting looks like it pays whatever it costs."""
+    from river_edge.runtime.headdraft import WINDOW, Clock
     c = Clock()
     c.observe("step", 0.290)                    # the first step: a graph rebuild
     c.observe("step", 0.035)
     assert c.step == pytest.approx(0.035)
     c.observe("step", 0.036)
     c.observe("step", 0.300)                    # another rebuild, later
-    assert c.step == pytest.approx(0.7 * 0.035 + 0.3 * 0.036)
+    c.observe("step", 0.034)
+    c.observe("step", 0.070)                    # a stall
+    assert c.step == pytest.approx(0.036)
+    for _ in range(WINDOW):
+        c.observe("step", 0.050)                # the machine got slower: followed
+    assert c.step == pytest.approx(0.050)
+    c.observe("draft", 0.020)
+    c.shift("draft", -0.005)
+    assert c.draft == pytest.approx(0.015)
+    c.forget("draft")
+    assert c.draft is None

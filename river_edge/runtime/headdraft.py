@@ -18,7 +18,9 @@ penalties the request goes to the backbone alone.
 """
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +32,7 @@ from river_edge.settings import SETTINGS
 IDLE = 64            # plain tokens between tries where drafting did not pay
 MISSES = 16          # missed tokens gathered before the trimmed head is rebuilt with them
 RESIZE = 128         # verified tokens between reconsiderations of the trimmed head's size
+WINDOW = 9           # samples of each cost the gate takes the median of
 
 
 def head_rows(n_vocab: int) -> int:
@@ -50,6 +53,7 @@ class TrimmedHead:
         self.dec, self.ranking, self.n_rows = dec, np.asarray(ranking, dtype=np.int32), int(n_rows)
         self.extra: list[int] = []
         self.ids = np.zeros(0, dtype=np.int32)
+        self.fresh = False   # rows set since the last decode: the next one rebuilds the graph
         self.mask = np.zeros(dec.n_vocab, dtype=bool)
         self.always = np.zeros(dec.n_vocab, dtype=bool)      # the request's prompt and past misses: in at any size
         self.place = np.empty(dec.n_vocab, dtype=np.int64)   # each id's place in the ranking
@@ -99,7 +103,7 @@ class TrimmedHead:
         ids = self.prepare(more)
         if self.dec.set_head_rows(ids) != 0:
             return False
-        self.ids = ids
+        self.ids, self.fresh = ids, True
         return True
 
     def missed(self, tok: int) -> bool:
@@ -117,30 +121,49 @@ class TrimmedHead:
 
 class Clock:
     """Running costs (seconds) of the drafter's own steps, kept across calls: a plain step, a draft step, the head
-    over k rows, the drafting cycles' wall time (this request's), and the drafts' measured acceptance (reported)."""
+    over k rows, the drafting cycles' wall time (this request's), and the drafts' measured acceptance (reported).
+
+    Each cost is the lower median of its last WINDOW samples. A step that rebuilt the graph costs several steps, and
+    on a shared machine a step now and then stalls: a running mean took them in (one 290 ms rebuild on the 1.5B's 35 ms
+    steps kept the gate drafting for a whole run; in a benchmark the 0.5B's plain step read 48 ms for 24, and drafting
+    that could not pay looked as if it did). A median of the last few drops them and still follows a real change."""
 
     def __init__(self):
-        self.step = self.draft = None
+        self.samples: dict = {}   # "step", "draft" or k (the head over k rows) -> its last WINDOW samples
+        self.costs: dict = {}     # the same keys -> their lower median (kept current: the gate reads it every step)
         self.cycles = [0.0, 0.0]   # drafting cycles' decayed [wall seconds, tokens emitted], overheads and all
         self.n_step = 0
-        self.head: dict[int, float] = {}
         self.acc = [0.0, 0.0]   # decayed [accepted, rejected] drafts
 
-    @staticmethod
-    def _ema(old, new, w=0.3):
-        """A running cost. A step that rebuilt the graph (the first after the trimmed head is set or cleared) takes
-        several times a step: such a sample is dropped, else one of 290 ms on the 1.5B's 35 ms steps kept the gate
-        drafting for a whole run. A first sample that was one gives way to the first ordinary one."""
-        if old is None or new < 0.5 * old:
-            return new
-        return old if new > 2.5 * old else (1 - w) * old + w * new
+    @property
+    def step(self) -> float | None:
+        return self.costs.get("step")
+
+    @property
+    def draft(self) -> float | None:
+        return self.costs.get("draft")
+
+    @property
+    def head(self) -> dict[int, float]:
+        return {k: v for k, v in self.costs.items() if isinstance(k, int)}
 
     def observe(self, what: str, seconds: float, k: int = 0) -> None:
-        if what == "head":
-            self.head[k] = self._ema(self.head.get(k), seconds)
-        else:
-            setattr(self, what, self._ema(getattr(self, what), seconds))
-            self.n_step += what == "step"
+        key = k if what == "head" else what
+        w = self.samples.setdefault(key, deque(maxlen=WINDOW))
+        w.append(seconds)
+        self.costs[key] = statistics.median_low(w)
+        self.n_step += what == "step"
+
+    def forget(self, what: str) -> None:
+        """Measure `what` anew (the drafts, after a plain spell: the machine's load may have changed)."""
+        self.samples.pop(what, None)
+        self.costs.pop(what, None)
+
+    def shift(self, what: str, seconds: float) -> None:
+        """Move every sample of `what` by `seconds` (a draft step with more or fewer trimmed rows)."""
+        if what in self.samples:
+            self.samples[what] = w = deque((x + seconds for x in self.samples[what]), maxlen=WINDOW)
+            self.costs[what] = statistics.median_low(w)
 
     def cycle(self, k: int, seconds: float, tokens: int) -> None:
         """A whole cycle's wall time: a plain step's (k = 0), or a drafting cycle's into decayed sums, so that one
@@ -160,14 +183,15 @@ class Clock:
     def head_cost(self, k: int) -> float:
         """t_head(k): measured, else a line through the nearest measured sizes (one size: a flat line, so an
         unmeasured larger k looks cheap and gets tried once)."""
-        if k in self.head:
-            return self.head[k]
-        ks = sorted(self.head)
+        h = self.costs
+        if k in h:
+            return h[k]
+        ks = sorted(x for x in h if isinstance(x, int))
         lo = max((x for x in ks if x < k), default=ks[0])
         hi = min((x for x in ks if x > k), default=ks[-1])
         if lo == hi:
-            return self.head[lo]
-        return self.head[lo] + (self.head[hi] - self.head[lo]) * (k - lo) / (hi - lo)
+            return h[lo]
+        return h[lo] + (h[hi] - h[lo]) * (k - lo) / (hi - lo)
 
     def best_k(self, kmax: int, a: float) -> int:
         """argmax_k S(k) at acceptance a, 0 (decode plainly) where no k beats a plain step. Two plain steps first (the
@@ -302,7 +326,8 @@ class HeadDraft:
         self.idle += self.clock.draft is not None
         if self.idle >= self.idle_limit:    # measure the drafts again: the costs may have changed
             self.idle, self.idle_limit = 0, min(2 * self.idle_limit, 16 * IDLE)
-            self.clock.draft, self.clock.cycles = None, [0.0, 0.0]
+            self.clock.forget("draft")
+            self.clock.cycles = [0.0, 0.0]
 
     def draft(self, c: HeadCycle, pending: int) -> None:
         """k body steps on the trimmed head, each step's head input kept; then verify and accept."""
@@ -313,13 +338,16 @@ class HeadDraft:
             r = dec.decode([batch[-1]], c.pos + i)[0]
             hs[i] = dec.hidden()
             batch.append(int(r.argmax()))
-            ts.append(time.perf_counter() - t0)
+            if not self.head.fresh:   # a step that rebuilt the graph is not a draft step's cost
+                ts.append(time.perf_counter() - t0)
+            self.head.fresh = False
             if dec.is_eog(batch[-1]):   # nothing is drafted past the end of the answer
                 c.k, hs = i + 1, hs[:i + 1]
                 break
-        # the median step: the first after the rows were set rebuilds the graph (a probe's 4 steps averaged it in,
-        # and Qwen2.5-0.5B's draft step read as a plain one's, 20.8 ms for 15)
-        self.clock.observe("draft", float(np.median(ts)))
+        # not the first step after the rows were set, which rebuilds the graph: a probe's 4 steps averaged it in (the
+        # 0.5B's draft step read 20.8 ms for 15), and with k = 1 or 2 a median was that step (SmolLM2's 7.7 ms read 20)
+        if ts:
+            self.clock.observe("draft", float(np.median(ts)))
         self.verify(c, hs)
         self.accept(c, batch)
 
@@ -359,7 +387,7 @@ class HeadDraft:
         n = clock.best_rows(h.n_rows, self.dec.n_vocab, h.coverage(), self.kmax)
         if n != h.n_rows:
             old, h.n_rows = h.n_rows, n
-            clock.draft += (n - old) * max(clock.step - clock.draft, 0.0) / max(self.dec.n_vocab - old, 1)
+            clock.shift("draft", (n - old) * max(clock.step - clock.draft, 0.0) / max(self.dec.n_vocab - old, 1))
             h.apply(self.prompt) if h.ids.size else h.prepare(self.prompt)   # on the context only while drafting
 
     def report(self, st) -> None:
