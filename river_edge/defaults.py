@@ -71,19 +71,24 @@ def build_calibrated_river(src: str | Path, dst: str | Path, *, backbone: str = 
 
     kw = dict(backbone=backbone, river=river, layer_types=layer_types, imatrix=imatrix, head=head, progress=built)
     if target is None:
-        build_river(src, dst, ranking=rank_vocabulary(src, say), **kw)
+        build_river(src, dst, ranking=lambda: rank_vocabulary(src, say), **kw)
         return None
     settings = settings or Settings()
     check_target(src, target)
     prompts = prompt_tokens(src, settings)   # the base's tokenizer is the river's: a bad prompt fails before the build
     tmp = temp_beside(dst, ".uncalibrated.gguf")
     try:
-        t0 = time.monotonic()
-        ranking = rank_vocabulary(src, say)
-        took = {"head_ranking": round(time.monotonic() - t0, 2)}
+        took: dict[str, float] = {}
+
+        def ranking():   # timed apart from the build's writing
+            t = time.monotonic()
+            r = rank_vocabulary(src, say)
+            took["head_ranking"] = round(time.monotonic() - t, 2)
+            return r
+
         t0 = time.monotonic()
         build_river(src, tmp, ranking=ranking, **kw)
-        took["build_river_gguf"] = round(time.monotonic() - t0, 2)
+        took["build_river_gguf"] = round(time.monotonic() - t0 - took.get("head_ranking", 0.0), 2)
         return calibrate_file(tmp, dst, target, settings, say, label=dst.name, prompts=prompts, seconds=took)
     finally:
         Path(tmp).unlink(missing_ok=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -165,7 +165,8 @@ def _river_kv(river: str, types: list[str], backbone: str, source_sha: str, imat
 def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: str = "q4_0",
                 layer_types: str | Sequence[str] | None = None,
                 imatrix: Mapping[str, np.ndarray] | str | Path | None = None,
-                head: str = F.DEFAULT_HEAD_TYPE, ranking: Sequence[int] | None = None,
+                head: str = F.DEFAULT_HEAD_TYPE,
+                ranking: Sequence[int] | Callable[[], Sequence[int]] | None = None,
                 progress: Progress | None = None) -> Path:
     """Write a river GGUF at `dst` from the base GGUF `src` (never modified); returns `dst`.
 
@@ -173,7 +174,8 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
     (overrides `river`). `imatrix`: {backbone tensor name: float32[n_per_row]} or a llama-imatrix GGUF.
     k-quant river types fall back per tensor as llama-quantize does when rows are not a multiple of 256.
     `head`: type of the river LM head (river.output.weight, used only for all-river drafting), or "none".
-    `ranking`: the head drafter's vocabulary ranking (runtime/headrank.py), stored as river.head_ranking.
+    `ranking`: the head drafter's vocabulary ranking (runtime/headrank.py), stored as river.head_ranking; or a
+    function giving it, called once the arguments and the source are checked (ranking runs the model for seconds).
     """
     src, dst = Path(src), Path(dst)
     if backbone not in F.BACKBONE_TYPES:
@@ -224,6 +226,8 @@ def build_river(src: str | Path, dst: str | Path, backbone: str = "f16", river: 
     out = backbone_tensors + river_tensors
     if progress:
         progress("sha256 of the source", 0, len(out))  # seconds on a 1 GB model: say so
+    if callable(ranking):
+        ranking = ranking()
     if ranking is not None:
         ranking = F.check_ranking(ranking, n_vocab_of(r), "head ranking")
     kv += _river_kv(river, types, backbone, sha256_file(src), im_sha, ranking)
