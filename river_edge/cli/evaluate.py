@@ -64,10 +64,10 @@ to the backbone) and mean backbone depth; writes the per-problem JSON lines and 
     with in_cache(cache_dir):
         with Bars() as bars:
             path = model_path(model, bars)
-            summary = E.run(path, task.value, limit=limit, configs=cfgs, max_tokens=max_tokens, threads=threads,
+            summary = E.run_eval(path, task.value, limit=limit, configs=cfgs, max_tokens=max_tokens, threads=threads,
                             data=data_dir, results=results, fresh=fresh, timeout=timeout, progress=bars)
     out = write_text(E.summary_path(Path(summary["results"])), json.dumps(jsonable(summary), indent=1) + "\n")
-    typer.echo(E.format_table(summary))
+    typer.echo(E.format_eval(summary))
     if summary.get("sandbox"):   # what the HumanEval sandbox isolated on this host
         typer.echo(f"sandbox: {'; '.join(summary['sandbox'])}")
     typer.echo(f"\nresults {summary['results']}\nsummary {out}")
