@@ -7,7 +7,7 @@ import typer
 
 from river_edge import format as F
 
-from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, in_cache, model_path, rule, setting
+from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, gguf_for, in_cache, rule, setting
 from .progress import Bars
 
 
@@ -56,7 +56,7 @@ def serve_command(
 
     with in_cache(cache_dir):
         with Bars() as bars:
-            path = model_path(model, bars)
+            path = gguf_for(model, bars)
     serve(path, host=host, port=port, name=name, mode=mode.value if mode is not None else None, n_ctx=ctx,
           threads=threads, allow_origins=tuple(allow_origin or ()), request_seconds=request_seconds,
           say=lambda msg: typer.echo(msg, err=True))
