@@ -88,7 +88,7 @@ def test_engine_end_to_end(river_copy, tmp_path):
     for f in ("tiny.backbone.gguf", "tiny.plain.q8_0.gguf", "tiny.plain.q4_0.gguf"):
         assert (river_copy.parent / f).is_file()
 
-    j, png = R.write(res, tmp_path / "out", "runtime_tiny", P.runtime)
+    j, png = R.write_record(res, tmp_path / "out", "runtime_tiny", P.runtime)
     data = json.loads(j.read_text())  # strict JSON: no Infinity/NaN tokens
     assert data["configs"]["river"]["decode_tps"] == res["configs"]["river"]["decode_tps"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -124,10 +124,10 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
     if modes:
         typer.echo(M.format_modes(res))
         where = ("_rpc" + (f"_delay{rpc_delay:g}ms" if rpc_delay else "")) if rpc else "_gpu" if gpu_layers else ""
-        j, png = R.write(res, out, f"bench_modes_{res['model']}{where}", P.modes)
+        j, png = R.write_record(res, out, f"bench_modes_{res['model']}{where}", P.modes)
     else:
         typer.echo(B.format_bench(res))
-        j, png = R.write(res, out, f"bench_{res['model']}", P.runtime)
+        j, png = R.write_record(res, out, f"bench_{res['model']}", P.runtime)
     typer.echo(f"\nwrote {j}\nwrote {png}")
 
 
