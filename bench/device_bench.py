@@ -180,7 +180,7 @@ def main(argv=None) -> int:
                 if time.monotonic() > t_end - 20:
                     row[key] = {"skipped": "out of time"}
                     continue
-                r = M.run(tuned, M.parse_modes(modes), threads=t, offload=off, **kw)
+                r = M.run_modes(tuned, M.parse_modes(modes), threads=t, offload=off, **kw)
                 ex = r["configs"].get("exact", {})
                 r["projection"] = {"real_weights": projection(ex.get("cost_model"), (shape.get("cpu") or {}).get("acceptance")),
                                    "sweep": [projection(ex.get("cost_model"), a) for a in (0.6, 0.8, 0.9, 0.95)]}

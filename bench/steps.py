@@ -80,7 +80,7 @@ def step_modes(out: Path, limit: int | None, model: str, modes: str = CONFIGS, b
     kw = dict(tokens=12, rounds=1, max_rounds=1, n_prompts=1) if limit else \
         dict(max_rounds=max_rounds) if max_rounds else {}
     path = _exact_river(model, backbone) if backbone else _river(model)
-    return M.run(path, M.parse_modes(modes), progress=_say, flash_attn=flash_attn, **kw)
+    return M.run_modes(path, M.parse_modes(modes), progress=_say, flash_attn=flash_attn, **kw)
 
 
 # the same-text counts of the modes tables: greedy runs are deterministic, so distinct prompts say more than rounds
@@ -93,7 +93,7 @@ def step_text(out: Path, limit: int | None, model: str, modes: str = CONFIGS, ba
     among them), untimed: identical runs / runs for its table (records.load_modes)."""
     from river_edge.measure import modes as M
     path = _exact_river(model, backbone) if backbone else _river(model)
-    res = M.run(path, M.parse_modes(modes), tokens=12 if limit else 64, n_prompts=2 if limit else TEXT_PROMPTS,
+    res = M.run_modes(path, M.parse_modes(modes), tokens=12 if limit else 64, n_prompts=2 if limit else TEXT_PROMPTS,
                 rounds=1, max_rounds=1, memory=False, flash_attn=flash_attn, progress=_say)
     res["kind"] = "text"
     res["timing"] = "untimed: the tok/s here come from a pass that may share the machine; read only the counts"
@@ -108,8 +108,8 @@ def step_upcast(out: Path, limit: int | None, model: str) -> dict:
 
 def step_runtime(out: Path, limit: int | None, model: str) -> dict:
     from river_edge.measure import bench as B
-    kw = dict(B.QUICK) if limit else {}
-    return B.run(_river(model), progress=_say, **kw)
+    kw = dict(B.QUICK_BENCH) if limit else {}
+    return B.run_bench(_river(model), progress=_say, **kw)
 
 
 def step_quality(out: Path, limit: int | None, model: str) -> dict:
@@ -124,7 +124,7 @@ EVAL_LIMIT: int | None = None   # --eval-limit: fewer problems per task, everyth
 def step_eval(out: Path, limit: int | None, model: str, task: str) -> dict:
     from river_edge.measure import evaluate as E
     n = limit or min(FULL[task], EVAL_LIMIT or FULL[task])
-    return E.run(_river(model), task, limit=n, configs=EVAL_CONFIGS, threads=2,
+    return E.run_eval(_river(model), task, limit=n, configs=EVAL_CONFIGS, threads=2,
                  results=out / "eval" / f"{model}.{task}.jsonl", progress=_say)
 
 

@@ -101,7 +101,7 @@ def rank_vocabulary(src: Path, say: Progress) -> np.ndarray:
     say("ranking the vocabulary for head drafting", 0, 0)
     llm = RiverLlama(str(src), n_ctx=512, n_threads=os.cpu_count(), mode="backbone", verbose=False)
     try:
-        return headrank.build(llm)
+        return headrank.rank(llm)
     finally:
         llm.close()
 

@@ -38,7 +38,7 @@ def cpu() -> dict:
     return {"model": model, "isa": [f for f in ISA if f in flags], "cpus": os.cpu_count()}
 
 
-def runtime() -> dict:
+def runtime_info() -> dict:
     """llama-cpp-python's version, whether it is river-edge's patched build, and ggml's CPU feature line."""
     try:
         import llama_cpp
@@ -101,7 +101,7 @@ def host(threads: int | None = None) -> dict:
     """Everything a benchmark JSON names its host by: CPU model, ISA, threads, load, runtime build."""
     return {"cpu": cpu(), "threads": threads, "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
             "platform": platform.platform(), "python": sys.version.split()[0], "river_edge": __version__,
-            "runtime": runtime()}
+            "runtime": runtime_info()}
 
 
 def repacked(log: str) -> dict[str, int]:

@@ -65,7 +65,7 @@ SETTINGS = {s.name: s for s in (
     Setting("decide", "sync", F.check_decide,
             help="River mode's exit decision: sync (the paper's rule, a read-back per checked layer) or lagged (the "
                  "rule on the previous token's scores, no sync inside a step: for GPUs and rpc-servers)."),
-    # (its rule is the runtime's: a name of the DRAFTERS table, a GGUF path or a Drafter; drafters.resolve)
+    # (its rule is the runtime's: a name of the DRAFTERS table, a GGUF path or a Drafter; drafters.resolve_drafter)
     Setting("drafter", None, lambda v: v, shown="river (ngram for a GGUF without a river)",
             help="Exact mode's drafter: river, ngram (prompt lookup), ngram-cache, river+ngram, head (a trimmed LM "
                  "head drafts, the full head verifies k positions at once: greedy text), or a draft model's GGUF "

@@ -47,7 +47,7 @@ def test_packaged_prompts_mix_sources():
 
 
 def test_engine_end_to_end(river_copy, tmp_path):
-    res = B.run(river_copy, threads=1, tokens=3, rounds=1, prompts=SHORT, prefill_tokens=40, prefill_reps=1)
+    res = B.run_bench(river_copy, threads=1, tokens=3, rounds=1, prompts=SHORT, prefill_tokens=40, prefill_reps=1)
     L = res["n_layer"]
     assert L == 4
     assert set(MAIN) <= set(res["configs"])
@@ -88,11 +88,11 @@ def test_engine_end_to_end(river_copy, tmp_path):
     for f in ("tiny.backbone.gguf", "tiny.plain.q8_0.gguf", "tiny.plain.q4_0.gguf"):
         assert (river_copy.parent / f).is_file()
 
-    j, png = R.write(res, tmp_path / "out", "runtime_tiny", P.runtime)
+    j, png = R.write_record(res, tmp_path / "out", "runtime_tiny", P.runtime)
     data = json.loads(j.read_text())  # strict JSON: no Infinity/NaN tokens
     assert data["configs"]["river"]["decode_tps"] == res["configs"]["river"]["decode_tps"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = B.format_table(res)
+    table = B.format_bench(res)
     assert "all-river" in table and "exit" in table and "target" in table
 
 
@@ -100,7 +100,7 @@ def test_engine_rejects_a_base_gguf(tiny_llama_base, tmp_path):
     src = tmp_path / "base.gguf"
     shutil.copy(tiny_llama_base, src)
     with pytest.raises(RiverError, match="not a river GGUF"):
-        B.run(src, threads=1, tokens=2, rounds=1, prompts=SHORT[:1], memory=False)
+        B.run_bench(src, threads=1, tokens=2, rounds=1, prompts=SHORT[:1], memory=False)
 
 
 
@@ -142,7 +142,7 @@ def test_modes_bench_end_to_end(river_copy, tmp_path, monkeypatch):
 
     modes = M.parse_modes("exact,exact:ngram,exact:draft,gated,river,fast,backbone,q4_k_m")
     draft = plain(river_copy, tmp_path / "draft.gguf", "river")     # the river's weights as a separate model
-    res = M.run(river_copy, modes, threads=1, tokens=6, rounds=2, max_rounds=2, prompts=SHORT, draft=draft)
+    res = M.run_modes(river_copy, modes, threads=1, tokens=6, rounds=2, max_rounds=2, prompts=SHORT, draft=draft)
     cs = res["configs"]
     assert list(cs) == ["backbone", "exact", "exact:ngram", "exact:draft", "gated", "river", "fast", "q4_k_m"]
     assert len(res["rows"]) == 2 * len(SHORT) and res["rounds"] == 2
@@ -166,17 +166,17 @@ def test_modes_bench_end_to_end(river_copy, tmp_path, monkeypatch):
     for name, c in cs.items():   # the summaries are those of the rows measured
         assert c["tok_s_median"] == pytest.approx(float(np.median([r["tok_s"][name] for r in res["rows"]])))
         assert c["common_prefix_mean"] == pytest.approx(float(np.mean([r["common_prefix"][name] for r in res["rows"]])))
-    assert "q4_k_m" in M.format_table(res)
+    assert "q4_k_m" in M.format_modes(res)
 
 
 def test_modes_bench_adds_rounds_until_the_intervals_settle(river_copy, monkeypatch):
     """Rounds beyond the minimum are run while an interval is wider than +-ci, and stop at max_rounds."""
     from river_edge.measure import modes as M
 
-    res = M.run(river_copy, ["exact"], threads=1, tokens=3, rounds=1, max_rounds=3, ci=1e-9, prompts=SHORT[:1],
+    res = M.run_modes(river_copy, ["exact"], threads=1, tokens=3, rounds=1, max_rounds=3, ci=1e-9, prompts=SHORT[:1],
                 memory=False)
     assert res["rounds"] == 3 and res["settled"] is False     # an interval of +-1e-9 never settles
-    res = M.run(river_copy, ["exact"], threads=1, tokens=3, rounds=2, max_rounds=9, ci=100.0, prompts=SHORT[:1],
+    res = M.run_modes(river_copy, ["exact"], threads=1, tokens=3, rounds=2, max_rounds=9, ci=100.0, prompts=SHORT[:1],
                 memory=False)
     assert res["rounds"] == 5 and res["settled"] is True      # 5 samples at least make an interval
 
@@ -187,17 +187,17 @@ def test_modes_bench_shipped_file(river_copy, tiny_llama_base, monkeypatch):
     from river_edge.measure import modes as M
 
     with pytest.raises(RiverError, match="shipped: the file this river GGUF was built from"):
-        M.run(river_copy, M.parse_modes("shipped,q8_0"), threads=1, tokens=3, rounds=1, prompts=SHORT[:1])
+        M.run_modes(river_copy, M.parse_modes("shipped,q8_0"), threads=1, tokens=3, rounds=1, prompts=SHORT[:1])
     assert sorted(p.name for p in river_copy.parent.iterdir()) == [river_copy.name]   # refused before writing
     monkeypatch.setattr(BF, "source_model", lambda info: "smollm2-135m")
     monkeypatch.setattr(BF.zoo, "is_prepared", lambda name: name == "smollm2-135m")
     monkeypatch.setattr(BF.zoo, "model_path", lambda name: Path(tiny_llama_base))
-    res = M.run(river_copy, M.parse_modes("shipped,exact"), threads=1, tokens=4, rounds=1, max_rounds=1,
+    res = M.run_modes(river_copy, M.parse_modes("shipped,exact"), threads=1, tokens=4, rounds=1, max_rounds=1,
                 prompts=SHORT[:1], memory=False)
     assert list(res["configs"]) == ["backbone", "shipped", "exact"]
     assert res["files"]["shipped"] == str(tiny_llama_base)
     assert res["configs"]["shipped"]["file_mib"] == pytest.approx(Path(tiny_llama_base).stat().st_size / 2**20)
-    assert res["configs"]["shipped"]["tok_s_median"] > 0 and "shipped" in M.format_table(res)
+    assert res["configs"]["shipped"]["tok_s_median"] > 0 and "shipped" in M.format_modes(res)
 
 
 def test_draft_model_download_reports_through_the_bench_progress(river_copy, tiny_llama_base, monkeypatch):
@@ -294,6 +294,6 @@ def test_the_backbones_size_is_known_without_its_file(river_copy):
 def test_the_output_folder_is_checked_before_measuring(river_copy, runner, tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("x")
     measured = []
-    monkeypatch.setattr(B, "run", lambda *a, **k: measured.append(1))
+    monkeypatch.setattr(B, "run_bench", lambda *a, **k: measured.append(1))
     r = runner.invoke(app, ["bench", str(river_copy), "--quick", "-o", str(tmp_path / "afile" / "sub")])
     assert r.exit_code == 1 and "cannot make the output folder" in r.stderr and not measured

@@ -107,7 +107,7 @@ def test_cli_choices_follow_the_library():
     assert CB.DEFAULT_KL == D.DEFAULT_TARGET.value and D.DEFAULT_TARGET.kind == "kl"
     import inspect
 
-    for command in (CB.build, CB.calibrate):
+    for command in (CB.build, CB.calibrate_command):
         params = inspect.signature(command).parameters
         assert params["n_prompts"].default == C.Settings().n_prompts
         assert params["decode_tokens"].default == C.Settings().decode_tokens

@@ -244,7 +244,7 @@ def test_a_humaneval_run_records_the_sandboxs_isolation(tiny_llama, tmp_path, mo
 
     monkeypatch.setenv("RIVER_EDGE_CACHE", str(tmp_path / "cache"))
     res = tmp_path / "he.jsonl"
-    s = E.run(tiny_llama, "humaneval", limit=1, configs=["backbone"], max_tokens=2, results=res)
+    s = E.run_eval(tiny_llama, "humaneval", limit=1, configs=["backbone"], max_tokens=2, results=res)
     assert s["sandbox"] == [isolation()]
     assert json.loads(res.read_text().splitlines()[0])["sandbox"] == isolation()
 
@@ -267,12 +267,12 @@ def test_plain_configs_are_the_files_bench_compares(tiny_llama, tiny_llama_base,
     assert (q8.stat().st_mode & 0o777) == 0o666 & ~umask   # an ordinary file, not mkstemp's 0600
     assert {t.tensor_type for t in open_gguf(q8).tensors if t.name.startswith("blk.") and t.name.endswith("_q.weight")} == {T.Q8_0}
     res = tmp_path / "r.jsonl"
-    E.run(tiny_llama, "gsm8k", limit=1, configs=["backbone", "q8_0"], max_tokens=4, data=data, results=res)
+    E.run_eval(tiny_llama, "gsm8k", limit=1, configs=["backbone", "q8_0"], max_tokens=4, data=data, results=res)
     rows = E.read_results(res)
     assert [r.get("plain") for r in rows] == [None, BF.PLAIN_SOURCE]
     old = {k: v for k, v in rows[1].items() if k != "plain"} | {"completion": "older"}
     res.write_text(json.dumps(rows[0]) + "\n" + json.dumps(old) + "\n")
-    s = E.run(tiny_llama, "gsm8k", limit=1, configs=["backbone", "q8_0"], max_tokens=4, data=data, results=res)
+    s = E.run_eval(tiny_llama, "gsm8k", limit=1, configs=["backbone", "q8_0"], max_tokens=4, data=data, results=res)
     again = E.read_results(res)
     assert len(again) == 3 and again[2]["plain"] == BF.PLAIN_SOURCE and again[2]["completion"] == rows[1]["completion"]
     assert s["configs"]["q8_0"]["n"] == 1 and s["plain_source"] == BF.PLAIN_SOURCE
@@ -283,22 +283,22 @@ def test_results_json_keeps_its_rows_and_a_cut_last_line_reruns(tiny_llama, data
     """--results r.json: the summary goes to r.summary.json (it overwrote the rows); a last line cut short by an
     interrupted run is that problem run again."""
     res = tmp_path / "r.json"
-    E.run(tiny_llama, "gsm8k", limit=2, configs=["river"], max_tokens=4, data=data, results=res)
+    E.run_eval(tiny_llama, "gsm8k", limit=2, configs=["river"], max_tokens=4, data=data, results=res)
     assert E.summary_path(res) == tmp_path / "r.summary.json"
     rows = E.read_results(res)
     assert len(rows) == 2
     res.write_text(res.read_text()[:-20])    # the second row cut short
     assert E.read_results(res) == rows[:1]
-    E.run(tiny_llama, "gsm8k", limit=2, configs=["river"], max_tokens=4, data=data, results=res)
+    E.run_eval(tiny_llama, "gsm8k", limit=2, configs=["river"], max_tokens=4, data=data, results=res)
     again = E.read_results(res)
     assert len(again) == 2 and again[0] == rows[0] and again[1]["id"] == rows[1]["id"]
 
 
 def test_eval_math_api(tiny_llama, data, tmp_path):
-    s = E.run(tiny_llama, "math", limit=1, configs=["river"], max_tokens=4, data=data,
+    s = E.run_eval(tiny_llama, "math", limit=1, configs=["river"], max_tokens=4, data=data,
               results=tmp_path / "m.jsonl")
     assert s["configs"]["river"]["n"] == 1 and s["task"] == "math"
-    assert "math on" in E.format_table(s)
+    assert "math on" in E.format_eval(s)
 
 
 def test_eval_errors(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
@@ -341,7 +341,7 @@ def test_eval_errors(tiny_llama, tiny_llama_base, data, tmp_path, monkeypatch):
 def test_rescore_reads_the_stored_answers_again(tiny_llama, data, tmp_path):
     """bench/steps.py rescore: a summary's GSM8K accuracy from its rows' completions by today's extraction."""
     res = tmp_path / "r.jsonl"
-    s = E.run(tiny_llama, "gsm8k", limit=2, configs=["backbone"], max_tokens=4, data=data, results=res)
+    s = E.run_eval(tiny_llama, "gsm8k", limit=2, configs=["backbone"], max_tokens=4, data=data, results=res)
     rows = E.read_results(res)
     rows[0] = {**rows[0], "completion": "#### N = 1 + 1 = " + rows[0]["reference"]}   # right, by the placeholder
     s["configs"]["backbone"]["correct"] = 0
@@ -420,7 +420,7 @@ def test_data_files_are_read_bounded(data, monkeypatch):
 ])
 def test_damaged_results_rows_are_refused_before_anything_is_appended(tiny_llama, data, tmp_path, damage, why):
     res = tmp_path / "r.jsonl"
-    E.run(tiny_llama, "gsm8k", limit=1, configs=["river"], max_tokens=2, data=data, results=res)
+    E.run_eval(tiny_llama, "gsm8k", limit=1, configs=["river"], max_tokens=2, data=data, results=res)
     res.write_text(json.dumps(damage(E.read_results(res)[0])) + "\n")
     before = res.read_bytes()
     r = run("eval", tiny_llama, "--task", "gsm8k", "--limit", "2", "-n", "2", "--configs", "river", "--data-dir", data,
@@ -431,10 +431,10 @@ def test_damaged_results_rows_are_refused_before_anything_is_appended(tiny_llama
 def test_a_complete_last_row_without_its_newline_is_kept(tiny_llama, data, tmp_path):
     """It was cut off on resume (only a last line that does not parse is an interrupted write)."""
     res = tmp_path / "r.jsonl"
-    E.run(tiny_llama, "gsm8k", limit=1, configs=["river"], max_tokens=2, data=data, results=res)
+    E.run_eval(tiny_llama, "gsm8k", limit=1, configs=["river"], max_tokens=2, data=data, results=res)
     res.write_text(res.read_text().rstrip("\n"))
     first = E.read_results(res)
-    E.run(tiny_llama, "gsm8k", limit=2, configs=["river"], max_tokens=2, data=data, results=res)
+    E.run_eval(tiny_llama, "gsm8k", limit=2, configs=["river"], max_tokens=2, data=data, results=res)
     rows = E.read_results(res)
     assert rows[:1] == first and [r["id"] for r in rows] == ["gsm8k/0", "gsm8k/1"]
     assert res.read_text().endswith("}\n") and len(res.read_text().splitlines()) == 2
@@ -449,7 +449,7 @@ def test_timeout_is_bounded_and_a_failed_run_leaves_no_results(tiny_llama, data,
     for t in ("inf", "1e300", "nan", "0"):
         run(*args, "--timeout", t, code=2)
     with pytest.raises(RiverError, match="timeout inf"):
-        E.run(tiny_llama, "humaneval", limit=1, configs=["river"], max_tokens=2, results=res, timeout=float("inf"))
+        E.run_eval(tiny_llama, "humaneval", limit=1, configs=["river"], max_tokens=2, results=res, timeout=float("inf"))
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -467,7 +467,7 @@ def test_a_write_error_names_the_file_and_leaves_whole_rows(tiny_llama, data, tm
     import sys
 
     res = tmp_path / "r.jsonl"
-    E.run(tiny_llama, "gsm8k", limit=1, configs=["river"], max_tokens=2, data=data, results=res)
+    E.run_eval(tiny_llama, "gsm8k", limit=1, configs=["river"], max_tokens=2, data=data, results=res)
     before = res.read_bytes()
 
     def river(res, fsize):
@@ -499,6 +499,6 @@ def test_configs_empty_is_a_usage_error_and_tau_spellings_are_one(tiny_llama, da
             tmp_path / "r.jsonl", code=2)
     assert "no configuration given" in r.output
     assert E.check_configs(["tau=0.5", "tau=.5", "TAU=0.50", "river"], has_river=True) == ["tau=0.5", "river"]
-    s = E.run(tiny_llama, "gsm8k", limit=1, configs=["tau=0.5", "tau=.5"], max_tokens=2, data=data,
+    s = E.run_eval(tiny_llama, "gsm8k", limit=1, configs=["tau=0.5", "tau=.5"], max_tokens=2, data=data,
               results=tmp_path / "r.jsonl")
     assert list(s["configs"]) == ["tau=0.5"] and len(E.read_results(tmp_path / "r.jsonl")) == 1

@@ -179,7 +179,7 @@ def test_the_fallback_without_namespaces_still_judges(monkeypatch, shared):
 def test_every_mode_this_host_runs_judges_and_cleans_up(monkeypatch, shared):
     """Each isolation the probe may fall back to (and a user namespace, as a host without root gets): those that
     run here judge right and wrong and kill a setsid daemon at the deadline."""
-    userns = S.Mode(("--user", "--map-root-user", "--fork", "--pid", "--mount-proc", "--kill-child"), False)
+    userns = S.Confinement(("--user", "--map-root-user", "--fork", "--pid", "--mount-proc", "--kill-child"), False)
     ran = []
     default = S._mode()   # the rest of this file tests it
     for i, mode in enumerate(S._candidates() + [userns]):

@@ -294,3 +294,44 @@ def test_only_the_decoder_moves_the_kept_tokens():
            and (lines := written(ast.parse(f.read_text())))}
     assert bad == {}
     assert written(ast.parse((PACKAGE / "runtime" / "decoder.py").read_text()))   # the one place that does
+
+
+# The per-architecture reference files (river_edge/reference/<arch>.py) share one interface on purpose, as mlx-lm's
+# model files each define Model and ModelArgs: each defines its decoder layer as Block (a subclass of llama.py's), and
+# reference/model.py picks one by the GGUF's architecture from its BLOCKS table. The one exception to one meaning per
+# name, and it holds in those files alone.
+PER_ARCHITECTURE = {"Block": "each reference/<arch>.py's decoder layer, picked by reference/model.py's BLOCKS"}
+
+
+def public_names() -> dict[str, list[str]]:
+    """Each module-level public name (def, class, assignment; no leading `_`) -> the modules that define it."""
+    out: dict[str, list[str]] = {}
+    for name, f in sorted(modules().items()):
+        found = set()
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AnnAssign) else []
+            for t in targets:
+                found.update(e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name))
+        for n in found:
+            if not n.startswith("_"):
+                out.setdefault(n, []).append(name)
+    return out
+
+
+def test_each_public_name_is_defined_once():
+    """One meaning per name: `git grep 'def NAME'` finds one. A second module's `run` or `Settings` is a different
+    thing under the same name (measure/bench.py's run and measure/evaluate.py's were), and a reader, a grep or an
+    import takes the wrong one. Module-level functions, classes and assignments count; names with a leading `_` do
+    not."""
+    names = public_names()
+    assert len(names["Block"]) > 1 and names["rank_vocabulary"] == ["river_edge.defaults"]   # the walk is real
+    twice = {n: ms for n, ms in names.items() if len(ms) > 1 and n not in PER_ARCHITECTURE}
+    assert twice == {}, twice
+    model = ast.parse((PACKAGE / "reference" / "model.py").read_text())
+    blocks = next(node.value for node in model.body if isinstance(node, ast.Assign)
+                  and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["BLOCKS"])
+    arch = {f"river_edge.reference.{v.value.id}" for v in blocks.values}
+    assert {m for n in PER_ARCHITECTURE for m in names[n]} == arch   # the exception: reference/<arch>.py alone

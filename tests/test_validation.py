@@ -155,7 +155,7 @@ def test_temporary_files_of_a_long_output_name_fit_and_are_swept(tiny_llama_base
     from river_edge.runtime import headrank
 
     base = R.RiverLlama(str(tiny_llama_base), n_ctx=512, mode="backbone")
-    assert np.array_equal(head_ranking(out), headrank.build(base))
+    assert np.array_equal(head_ranking(out), headrank.rank(base))
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == sorted([alive.name, other.name])
 
 

@@ -24,7 +24,7 @@ import typer
 from river_edge import __version__, format as F, zoo
 from river_edge.format import RiverError, RiverWarning
 from river_edge.gguf_tools.writer import check_not_input, check_output
-from river_edge.host import runtime
+from river_edge.host import runtime_info
 from river_edge.settings import SETTINGS
 
 # Where ggml aborts (an rpc-server that went away mid-answer), its message line is the error; ggml would add a
@@ -194,7 +194,7 @@ def check_rpc(rpc: Optional[str], gpu_layers: int) -> None:
 
 def _version(value: bool):
     if value:
-        rt = runtime()
+        rt = runtime_info()
         if rt["llama_cpp_python"] is None:
             how = "no runtime (llama-cpp-python is not installed; run `make setup`)"
         else:
@@ -210,7 +210,7 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
     pass
 
 
-def model_path(model: Optional[str], bars, river: bool = True) -> Path:
+def gguf_for(model: Optional[str], bars, river: bool = True) -> Path:
     """MODEL as given (a GGUF), or a zoo model's name: its river GGUF, as `river bench` takes it (built and calibrated
     into the cache once); None: the default model's. river False (a mode or drafter that needs no river): a name
     stands for the model's shipped file itself, prepared on first use, and nothing is built."""

@@ -100,7 +100,7 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
             endpoints = parse_endpoints(rpc)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="'--rpc'") from None
-    kw = dict(M.QUICK if modes else B.QUICK) if quick else {}
+    kw = dict(M.QUICK_MODES if modes else B.QUICK_BENCH) if quick else {}
     if tokens is not None:
         kw["tokens"] = tokens
     if rounds is not None:
@@ -116,18 +116,18 @@ spent deciding exits and peak memory; writes the table as JSON and a PNG.
         offload = {"n_gpu_layers": gpu_layers, **({"rpc_servers": ",".join(servers)} if servers else {})}
         with Bars() as bars:
             path = BF.resolve_river(model, bars)
-            res = M.run(path, modes, threads=threads, draft=draft, progress=bars, flash_attn=flash_attn,
+            res = M.run_modes(path, modes, threads=threads, draft=draft, progress=bars, flash_attn=flash_attn,
                         offload=offload if gpu_layers or rpc else None, **kw) if modes else \
-                B.run(path, threads=threads, progress=bars, **kw)
+                B.run_bench(path, threads=threads, progress=bars, **kw)
     if rpc_delay:
         res["offload"]["rpc_delay_ms"] = rpc_delay
     if modes:
-        typer.echo(M.format_table(res))
+        typer.echo(M.format_modes(res))
         where = ("_rpc" + (f"_delay{rpc_delay:g}ms" if rpc_delay else "")) if rpc else "_gpu" if gpu_layers else ""
-        j, png = R.write(res, out, f"bench_modes_{res['model']}{where}", P.modes)
+        j, png = R.write_record(res, out, f"bench_modes_{res['model']}{where}", P.modes)
     else:
-        typer.echo(B.format_table(res))
-        j, png = R.write(res, out, f"bench_{res['model']}", P.runtime)
+        typer.echo(B.format_bench(res))
+        j, png = R.write_record(res, out, f"bench_{res['model']}", P.runtime)
     typer.echo(f"\nwrote {j}\nwrote {png}")
 
 

@@ -184,9 +184,9 @@ The input is never modified.
         report_calibration(summary, output)
 
 
-@command(epilog="Example: river calibrate model.river.gguf --max-kl 0.02 -o model.kl002.gguf")
+@command("calibrate", epilog="Example: river calibrate model.river.gguf --max-kl 0.02 -o model.kl002.gguf")
 @calibration_options
-def calibrate(
+def calibrate_command(
     river_gguf: Annotated[Path, typer.Argument(metavar="RIVER_GGUF", help="A river GGUF (from `river build`).",
                                                show_default=False)],
     # str, not Path: Path("new/") drops the separator, and check_output refuses it

@@ -10,8 +10,8 @@ from river_edge import format as F
 from river_edge.chat import Chat, check_text, legend, load, terminal_lines
 from river_edge.settings import SETTINGS
 
-from .app import (CacheDir, Ctx, Decide, GpuLayers, Mode, ModelArg, Threads, check_rpc, command, fail, in_cache,
-                  model_path, needs_river, rule, setting)
+from .app import (CacheDir, Ctx, Decide, GpuLayers, Mode, ModelArg, Threads, check_rpc, command, fail, gguf_for,
+                  in_cache, needs_river, rule, setting)
 from .progress import Bars
 
 
@@ -72,7 +72,7 @@ numbers, /quit (or Ctrl-D, Ctrl-C) leaves. Reads lines from a pipe as well as fr
         fail("standard input is closed: give --prompt TEXT, pipe lines in, or run it in a terminal")
     with in_cache(cache_dir):
         with Bars() as bars:
-            path = model_path(model, bars, river=needs_river(mode and mode.value, drafter, not no_river))
+            path = gguf_for(model, bars, river=needs_river(mode and mode.value, drafter, not no_river))
     llm = load(path, tau=tau, river=not no_river, threads=threads, n_ctx=ctx, seed=seed,
                mode=mode.value if mode is not None else None, **({"gate": gate} if gate is not None else {}),
                **({"drafter": drafter} if drafter is not None else {}),

@@ -45,9 +45,9 @@ speed and depth, and the benchmark table (backbone vs river vs plain quantizatio
         finally:
             llm.close()
         typer.echo("\n$ river bench" + ("" if full else " --quick") + "   (plain quantization made once, cached)")
-        kw = {} if full else dict(B.QUICK)
+        kw = {} if full else dict(B.QUICK_BENCH)
         if threads is not None:
             kw["threads"] = threads
         with Bars() as bars:
-            res = B.run(path, progress=bars, **kw)
-        typer.echo(B.format_table(res))
+            res = B.run_bench(path, progress=bars, **kw)
+        typer.echo(B.format_bench(res))

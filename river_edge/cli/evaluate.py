@@ -12,7 +12,7 @@ from river_edge.format import RiverError
 from river_edge.gguf_tools.writer import write_text
 from river_edge.measure import evaluate as E
 
-from .app import CacheDir, ModelArg, Threads, command, finite, in_cache, jsonable, model_path
+from .app import CacheDir, ModelArg, Threads, command, finite, gguf_for, in_cache, jsonable
 from .progress import Bars
 
 Task = Enum("Task", {t: t for t in ("gsm8k", "math", "humaneval")}, type=str)  # evaluate.TASKS
@@ -63,11 +63,11 @@ to the backbone) and mean backbone depth; writes the per-problem JSON lines and 
             raise typer.BadParameter(str(e), param_hint="'--configs'") from None
     with in_cache(cache_dir):
         with Bars() as bars:
-            path = model_path(model, bars)
-            summary = E.run(path, task.value, limit=limit, configs=cfgs, max_tokens=max_tokens, threads=threads,
+            path = gguf_for(model, bars)
+            summary = E.run_eval(path, task.value, limit=limit, configs=cfgs, max_tokens=max_tokens, threads=threads,
                             data=data_dir, results=results, fresh=fresh, timeout=timeout, progress=bars)
     out = write_text(E.summary_path(Path(summary["results"])), json.dumps(jsonable(summary), indent=1) + "\n")
-    typer.echo(E.format_table(summary))
+    typer.echo(E.format_eval(summary))
     if summary.get("sandbox"):   # what the HumanEval sandbox isolated on this host
         typer.echo(f"sandbox: {'; '.join(summary['sandbox'])}")
     typer.echo(f"\nresults {summary['results']}\nsummary {out}")

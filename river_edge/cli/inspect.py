@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from river_edge.gguf_tools.inspect import format_report, inspect_gguf, validate as problems_of
+from river_edge.gguf_tools.inspect import format_report, inspect_gguf, validate
 
 from .app import command, existing, jsonable
 
@@ -36,14 +36,14 @@ def inspect(
                        f"prompts depth {t['depth']:.2f} of {L:g}, KL {t['kl']:.4f}, top-1 {t['agreement']:.3f}")
 
 
-@command(epilog="Example: river validate model.river.gguf && echo ok")
-def validate(
+@command("validate", epilog="Example: river validate model.river.gguf && echo ok")
+def validate_command(
     file: Annotated[str, typer.Argument(metavar="FILE", help="The GGUF to check.", show_default=False)],
     base: Annotated[bool, typer.Option("--base", help="Accept a base GGUF (no river tensors).")] = False,
 ):
     """Check a river GGUF against the format (exit 0 when well formed, 1 with every problem listed)."""
     path = existing(file)
-    problems = problems_of(path, require_river=not base)
+    problems = validate(path, require_river=not base)
     if problems:
         for p in problems:
             typer.echo(f"river: error: {p}", err=True)

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from river_edge import format as F
-from river_edge.runtime.rpc import parse_endpoints, serve
+from river_edge.runtime.rpc import parse_endpoints, serve_rpc
 
 from .app import command
 
@@ -25,4 +25,4 @@ def rpc_server(
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="'--host'") from None
     # a taken port or a name is one line, exit 1, before it says it serves
-    serve(host, port, threads, say=lambda line: typer.echo(line, err=True))
+    serve_rpc(host, port, threads, say=lambda line: typer.echo(line, err=True))

@@ -7,7 +7,7 @@ import typer
 
 from river_edge import format as F
 
-from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, in_cache, model_path, rule, setting
+from .app import CacheDir, Ctx, Mode, ModelArg, Threads, command, gguf_for, in_cache, rule, setting
 from .progress import Bars
 
 
@@ -23,9 +23,10 @@ def _origins(values):
     return [rule(check_origin)(v) for v in values or []]
 
 
-@command(epilog="Examples: river serve --port 8000   (then any OpenAI client: base_url http://127.0.0.1:8000/v1, "
-                 "model 'smollm2-135m.river:exact')\n\nriver serve model.river.gguf --mode gated --name mymodel")
-def serve(
+@command("serve", epilog="Examples: river serve --port 8000   (then any OpenAI client: base_url "
+                          "http://127.0.0.1:8000/v1, model 'smollm2-135m.river:exact')\n\n"
+                          "river serve model.river.gguf --mode gated --name mymodel")
+def serve_command(
     model: ModelArg = None,
     mode: Annotated[Optional[Mode], setting(
         "mode", "--mode", case_sensitive=False,
@@ -51,10 +52,11 @@ def serve(
     /v1/models lists NAME (the --mode) and NAME:exact, NAME:gated, NAME:river, NAME:fast, NAME:backbone; \
 /v1/completions and /v1/chat/completions (streaming too) take any of them. Requests run one at a time.
     """
-    from river_edge.serve import serve as run
+    from river_edge.serve import serve
 
     with in_cache(cache_dir):
         with Bars() as bars:
-            path = model_path(model, bars)
-    run(path, host=host, port=port, name=name, mode=mode.value if mode is not None else None, n_ctx=ctx,
-        threads=threads, allow_origins=tuple(allow_origin or ()), request_seconds=request_seconds, say=lambda msg: typer.echo(msg, err=True))
+            path = gguf_for(model, bars)
+    serve(path, host=host, port=port, name=name, mode=mode.value if mode is not None else None, n_ctx=ctx,
+          threads=threads, allow_origins=tuple(allow_origin or ()), request_seconds=request_seconds,
+          say=lambda msg: typer.echo(msg, err=True))

@@ -57,7 +57,7 @@ MEMORY_TOKENS = 16
 MEMORY_METHOD = ("VmHWM (peak RSS) of a fresh subprocess per configuration after loading the model (llama.cpp "
                  "mmaps with MAP_POPULATE) and decoding 16 tokens; baseline_mib is the interpreter with llama_cpp "
                  "imported; sweep points share the river configuration's file")
-QUICK = dict(tokens=12, rounds=1, n_prompts=1, prefill_reps=1, memory=False)
+QUICK_BENCH = dict(tokens=12, rounds=1, n_prompts=1, prefill_reps=1, memory=False)
 
 # Targets of the runtime issue (#3, item 6)
 TARGET_SWEEP = 0.05      # every sweep point within 5% of the ideal line
@@ -187,7 +187,7 @@ def _median(xs):
     return float(st.median(xs)) if xs else None
 
 
-def run(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int = DEFAULT_TOKENS,
+def run_bench(river_path: str | Path, *, threads: int = DEFAULT_THREADS, tokens: int = DEFAULT_TOKENS,
         rounds: int = DEFAULT_ROUNDS, n_prompts: int = DEFAULT_PROMPTS, prompts: Sequence[str] | None = None,
         prefill_tokens: int = PREFILL_TOKENS, prefill_reps: int = 2, memory: bool = True, sweep: bool = True,
         progress: Progress | None = None) -> dict:
@@ -360,7 +360,7 @@ def _f(x, fmt):
     return "-" if x is None else format(x, fmt)
 
 
-def format_table(res: dict) -> str:
+def format_bench(res: dict) -> str:
     m = res["method"]
     lines = [f"{res['model']}: {res['weights']}",
              f"{m['threads']} threads, {len(m['prompts'])} prompts x {m['rounds']} rounds, {m['decode_tokens']} decode "

@@ -1,6 +1,6 @@
 """Task accuracy of a river GGUF against its backbone and plain quantization: GSM8K, MATH-500, HumanEval.
 
-`run(model, task, ...)` answers every problem with every configuration (greedy, fixed prompts through the
+`run_eval(model, task, ...)` answers every problem with every configuration (greedy, fixed prompts through the
 GGUF's chat template, a stated token budget), alternating configurations per problem so that their speeds
 are measured side by side in one run, and appends one JSON line per (configuration, problem) to a results
 file: a rerun skips what is there (resumable). `summarize()` turns the lines into the table and JSON
@@ -38,7 +38,7 @@ from river_edge.host import host
 from river_edge.measure.files import PLAIN_SOURCE, plain_of  # plain_of: one meaning of "q8_0" in every table
 from river_edge.measure.harness import parse_configs
 from river_edge.measure.sandbox import isolation
-from river_edge.measure.tasks import (DATA_FILES, MAX_TOKENS, PROMPT_VERSION, TASKS, data_dir, load_problems,
+from river_edge.measure.tasks import (DATA_FILES, PROMPT_VERSION, TASK_MAX_TOKENS, TASKS, data_dir, load_problems,
                                       read_jsonl, score)
 from river_edge.meter import Meter
 from river_edge.progress import Progress
@@ -133,7 +133,7 @@ def summary_path(results: Path) -> Path:
 
 
 @dataclass
-class Settings:
+class EvalSettings:
     task: str
     model: str
     model_size: int
@@ -167,7 +167,7 @@ def _is_gguf(p: Path) -> bool:
         return False
 
 
-def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequence[str] | None = None,
+def run_eval(model: str | Path, task: str, *, limit: int | None = None, configs: Sequence[str] | None = None,
         max_tokens: int | None = None, threads: int | None = None, data: str | os.PathLike | None = None,
         results: str | Path | None = None, fresh: bool = False, timeout: float = 10.0, n_ctx: int = 2048,
         progress: Progress | None = None) -> dict:
@@ -186,12 +186,12 @@ def run(model: str | Path, task: str, *, limit: int | None = None, configs: Sequ
     problems = load_problems(task, limit, data)
     if not problems:
         raise RiverError(f"{task}: no problems to run")
-    max_tokens = max_tokens or MAX_TOKENS[task]
+    max_tokens = max_tokens or TASK_MAX_TOKENS[task]
     if results is not None and str(results).endswith(tuple(x for x in (os.sep, os.altsep) if x)):
         check_output(results)   # refuses it, before a folder is made: Path() would drop the separator
     results = Path(results) if results is not None else default_results(model, task)
     machine = host(threads)   # named in the summary; its CPU and the threads also in the resume key
-    settings = Settings(task, model.name, model.stat().st_size, max_tokens, threads=threads,
+    settings = EvalSettings(task, model.name, model.stat().st_size, max_tokens, threads=threads,
                         cpu=machine["cpu"].get("model", ""))
     results.parent.mkdir(parents=True, exist_ok=True)
     for p in (results, summary_path(results)):   # before any plain file is made or problem answered
@@ -327,7 +327,7 @@ def rescore(summary: dict, rows: list[dict], data: str | os.PathLike | None = No
     return summary
 
 
-def summarize(rows: list[dict], configs: Sequence[str], *, settings: Settings, n_layer: int,
+def summarize(rows: list[dict], configs: Sequence[str], *, settings: EvalSettings, n_layer: int,
               threads: int | None, results: str, n_problems: int) -> dict:
     out = {"task": settings.task, "model": settings.model, "max_tokens": settings.max_tokens,
            "greedy": True, "prompt_version": settings.prompt_version, "threads": threads,
@@ -352,7 +352,7 @@ def summarize(rows: list[dict], configs: Sequence[str], *, settings: Settings, n
     return out
 
 
-def format_table(summary: dict) -> str:
+def format_eval(summary: dict) -> str:
     L = summary["n_layer"]
     lines = [f"{summary['task']} on {summary['model']}: {summary['problems']} problems, greedy, "
              f"at most {summary['max_tokens']} tokens",

@@ -44,7 +44,7 @@ NOINV = ("exact:no-invariance",)
 CONFIGS = MODES + LAGGED + SPEC + SYNC + NOINV + PLAIN_FILES
 DRAFTS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}    # the zoo's default draft model per model
 DEFAULTS = dict(tokens=64, rounds=3, n_prompts=4, max_rounds=12, ci=0.05)
-QUICK = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1, memory=False)   # --quick: no memory probes
+QUICK_MODES = dict(tokens=12, rounds=1, n_prompts=1, max_rounds=1, memory=False)   # --quick: no memory probes
 
 
 def parse_modes(text: str) -> list[str]:
@@ -79,7 +79,7 @@ def _common(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def run(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAULT_THREADS,
+def run_modes(river_path: str | Path, modes: Sequence[str], *, threads: int = B.DEFAULT_THREADS,
         tokens: int = DEFAULTS["tokens"], rounds: int = DEFAULTS["rounds"], n_prompts: int = DEFAULTS["n_prompts"],
         max_rounds: int = DEFAULTS["max_rounds"], ci: float = DEFAULTS["ci"], draft: str | Path | None = None,
         memory: bool = True, prompts: Sequence[str] | None = None, offload: dict | None = None,
@@ -264,7 +264,7 @@ def note(c: str, d: dict, res: dict) -> str:
     return ""
 
 
-def format_table(res: dict) -> str:
+def format_modes(res: dict) -> str:
     cpu = (res.get("host") or {}).get("cpu") or {}
     lines = [f"{res['model']}: {res['weights']}",
              f"host {cpu.get('model', '?')} ({', '.join(cpu.get('isa', []))}), {res['threads']} threads, load average "

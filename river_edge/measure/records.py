@@ -23,7 +23,7 @@ def check_out(out_dir: str | Path) -> Path:
     return out_dir
 
 
-def write(res: dict, out_dir: str | Path, stem: str, plot) -> tuple[Path, Path]:
+def write_record(res: dict, out_dir: str | Path, stem: str, plot) -> tuple[Path, Path]:
     """res as <stem>.json and plot(res) as <stem>.png in out_dir (plot: a figure of measure/plots.py), the two
     together or neither."""
     out_dir = check_out(out_dir)

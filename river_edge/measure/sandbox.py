@@ -91,7 +91,7 @@ class Checked:
 
 
 @dataclass(frozen=True)
-class Mode:
+class Confinement:
     unshare: tuple[str, ...]   # unshare's options; () is no namespace
     own_uid: bool
 
@@ -107,7 +107,7 @@ class Mode:
         return f"{where}; the program as {who}{weak}"
 
 
-def _candidates() -> list[Mode]:
+def _candidates() -> list[Confinement]:
     """Strongest first. As root: a uid of the program's own, in mount (a /proc showing it only its own processes,
     the interpreter made readable), network, IPC and UTS namespaces; its processes keep the PIDs the host sees, so
     that what it reports can be checked from outside. Otherwise a user namespace and a PID namespace (one uid to
@@ -116,16 +116,17 @@ def _candidates() -> list[Mode]:
     if os.geteuid() == 0:
         nss = [("--mount", "--net", "--ipc", "--uts"), ("--mount",)] if unshare else []
         pid = [("--fork", "--pid", "--mount-proc", "--net", "--ipc", "--uts", "--kill-child")] if unshare else []
-        return [Mode(ns, True) for ns in nss] + [Mode(ns, False) for ns in pid] + [Mode((), True), Mode((), False)]
+        return ([Confinement(ns, True) for ns in nss] + [Confinement(ns, False) for ns in pid]
+                + [Confinement((), True), Confinement((), False)])
     user = ("--user", "--map-root-user", "--fork", "--pid", "--mount-proc", "--kill-child")
     nss = [(*user, "--net", "--ipc", "--uts"), user] if unshare else []
-    return [Mode(ns, False) for ns in nss] + [Mode((), False)]
+    return [Confinement(ns, False) for ns in nss] + [Confinement((), False)]
 
 
-_MODES: dict[str, Mode] = {}
+_MODES: dict[str, Confinement] = {}
 
 
-def _mode() -> Mode:
+def _mode() -> Confinement:
     """The first candidate under which a trivial program runs and prints (per RIVER_SANDBOX setting)."""
     key = os.environ.get("RIVER_SANDBOX", "")
     if key not in _MODES:
@@ -160,7 +161,7 @@ def _program_text(program: str | Checked) -> str:
     return GUARD + "\n" + program
 
 
-def _run(program: str | Checked, timeout: float, mem_mb: int, mode: Mode) -> tuple[bool, str, bytes]:
+def _run(program: str | Checked, timeout: float, mem_mb: int, mode: Confinement) -> tuple[bool, str, bytes]:
     checked = isinstance(program, Checked)
     with tempfile.TemporaryDirectory(prefix="river-eval-") as tmp:
         os.chmod(tmp, 0o755)

@@ -327,7 +327,7 @@ def humaneval_correct(completion: str, problem: Problem, timeout: float = 10.0) 
 
 # -- tasks ---------------------------------------------------------------------------------------------
 
-MAX_TOKENS = {"gsm8k": 384, "math": 768, "humaneval": 512}
+TASK_MAX_TOKENS = {"gsm8k": 384, "math": 768, "humaneval": 512}
 
 
 def score(task: str, problem: Problem, completion: str, timeout: float = 10.0) -> tuple[bool, str | None]:

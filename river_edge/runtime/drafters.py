@@ -304,7 +304,7 @@ class DraftModel(ModelDrafter):
         pass
 
 
-def resolve(drafter, main) -> tuple[str, Drafter]:
+def resolve_drafter(drafter, main) -> tuple[str, Drafter]:
     """(name, drafter): a name in DRAFTERS, a GGUF path for a separate draft model ("model"), or any Drafter."""
     if all(hasattr(drafter, a) for a in ("source", "begin", "offer", "draft", "accept")):   # a DraftModel, or one's own
         return "model", drafter

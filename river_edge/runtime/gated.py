@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from river_edge.runtime.decoder import Decoder
-from river_edge.runtime.sampling import entropy
+from river_edge.runtime.sampling import row_entropy
 
 
 def gated(dec: Decoder, gate: float, st, tokens: list[int], kw: dict, owns: Callable[[], bool]):
@@ -36,7 +36,7 @@ def gated(dec: Decoder, gate: float, st, tokens: list[int], kw: dict, owns: Call
             dec.force_exit(-1)
             row = dec.decode([pending], n)[0]
             st.river_steps += 1
-            if gate <= 0 or (gate < math.inf and entropy(row) >= gate):
+            if gate <= 0 or (gate < math.inf and row_entropy(row) >= gate):
                 dec.force_exit(L - 1)
                 dec.remove(n)
                 row = dec.decode([pending], n)[0]

@@ -53,7 +53,7 @@ def load_or_build(llm) -> np.ndarray:
                 return r
         except (OSError, ValueError):
             pass   # a damaged sidecar is rebuilt
-    r = build(llm)
+    r = rank(llm)
     side.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=side.parent, suffix=".npy.tmp")
     try:
@@ -80,7 +80,7 @@ def chat_tokens(llm, prompt: str) -> list[int]:
     return llm.tokenize(text.encode(), add_bos=True, special=True)
 
 
-def build(llm, n_prompts: int = N_PROMPTS, n_tokens: int = N_TOKENS, budget_s: float = BUDGET_S) -> np.ndarray:
+def rank(llm, n_prompts: int = N_PROMPTS, n_tokens: int = N_TOKENS, budget_s: float = BUDGET_S) -> np.ndarray:
     """Every vocabulary id, most emitted first. Decodes on the model's own context (sequence 0, then cleared)."""
     dec = llm.decoder
     counts = np.zeros(dec.n_vocab, dtype=np.float64)

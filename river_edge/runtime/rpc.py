@@ -101,7 +101,7 @@ def check_listen(host: str, port: int) -> None:
     listen(host, port).close()   # `river serve`'s check: bind and listen, then let go for ggml
 
 
-def serve(host: str = "127.0.0.1", port: int = 50052, threads: int | None = None, say=None) -> None:
+def serve_rpc(host: str = "127.0.0.1", port: int = 50052, threads: int | None = None, say=None) -> None:
     """Serve this machine's CPU to RPC clients until the process is stopped (blocks); check_listen first, then
     say(line) that it serves."""
     (endpoint,) = parse_endpoints(f"{host}:{port}")
@@ -135,7 +135,8 @@ def local_servers(n: int, threads: int = 1, timeout: float = 30.0):
         for _ in range(n):
             port = free_port()
             procs.append(subprocess.Popen(
-                [sys.executable, "-c", f"from river_edge.runtime.rpc import serve; serve('127.0.0.1', {port}, {threads})"],
+                [sys.executable, "-c",
+                 f"from river_edge.runtime.rpc import serve_rpc; serve_rpc('127.0.0.1', {port}, {threads})"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
             endpoints.append(f"127.0.0.1:{port}")
         deadline = time.monotonic() + timeout

@@ -97,7 +97,7 @@ def margin(row: np.ndarray, top: int | None = None) -> float:
     return float(row[i] - max(row[:i].max(initial=-np.inf), row[i + 1:].max(initial=-np.inf)))
 
 
-def entropy(logits: np.ndarray) -> float:
+def row_entropy(logits: np.ndarray) -> float:
     x = logits.astype(np.float64)
     x = x - x.max()
     e = np.exp(x)

@@ -43,7 +43,7 @@ from river_edge import format as F
 from river_edge.format import RiverError
 from river_edge.runtime.capi import runtime_is_patched
 from river_edge.runtime.costs import CostModel, cached, probe
-from river_edge.runtime.drafters import resolve
+from river_edge.runtime.drafters import resolve_drafter
 from river_edge.runtime.exact import Cycle, ExactCall
 from river_edge.runtime.gated import gated
 from river_edge.settings import SETTINGS, Guarded
@@ -108,7 +108,7 @@ class Spec:
         # who drafts in exact mode: a name in DRAFTERS or "model", the Drafter itself, and the separate draft GGUF if
         # any (a DraftModel; named apart from llama-cpp-python's `draft_model`, a LlamaDraftModel, which turns exact
         # mode's speculation off). A plain GGUF drafts by prompt lookup (no model step: nothing of the river is needed)
-        self.drafter_name, self.active_drafter = resolve("river" if llm.has_river else "ngram", llm)
+        self.drafter_name, self.active_drafter = resolve_drafter("river" if llm.has_river else "ngram", llm)
         self.draft_gguf = None
         self.zero_run = 0   # cycles since the cost model last chose to draft (exact.py)
         # when a list, every cycle appends (top-1 probability of each draft, drafts judged, drafts agreed)
@@ -156,7 +156,7 @@ class Spec:
 
     @drafter.setter
     def drafter(self, d) -> None:
-        name, draft = resolve(d, self.llm)
+        name, draft = resolve_drafter(d, self.llm)
         if getattr(draft, "needs_river", False) and not self.llm.has_river:
             raise RiverError(f"drafter {name!r} needs a river GGUF; {self.llm.model_path} has no river tensors")
         dm = draft if name == "model" else None

@@ -51,7 +51,7 @@ def main(models: Path, out_json: Path, out_npz: Path) -> int:
     from river_edge import host as H
 
     devices = H.devices()
-    rt = H.runtime()
+    rt = H.runtime_info()
     info = {"cpu": H.cpu(), "devices": devices, "cpu_variant": rt["cpu_variant"], "system_info": rt["system_info"],
             "build": rt["build"], "import_s": round(time.monotonic() - t0, 1), "models": {}}
     arrays = {}
