@@ -211,7 +211,7 @@ def test_the_cost_gate_drops_a_step_that_rebuilt_the_graph():
     """A plain step right after the trimmed head is cleared rebuilds the graph (many times a step), and a shared
     machine stalls a step now and then: the gate's step cost (the lower median of the last few) must not take them,
     else drafting looks like it pays whatever it costs."""
-    from river_edge.runtime.headdraft import WINDOW, Clock
+    from river_edge.runtime.headdraft import COST_WINDOW, Clock
     c = Clock()
     c.observe("step", 0.290)                    # the first step: a graph rebuild
     c.observe("step", 0.035)
@@ -221,7 +221,7 @@ def test_the_cost_gate_drops_a_step_that_rebuilt_the_graph():
     c.observe("step", 0.034)
     c.observe("step", 0.070)                    # a stall
     assert c.step == pytest.approx(0.036)
-    for _ in range(WINDOW):
+    for _ in range(COST_WINDOW):
         c.observe("step", 0.050)                # the machine got slower: followed
     assert c.step == pytest.approx(0.050)
     c.observe("draft", 0.020)

@@ -32,12 +32,11 @@ from river_edge.settings import SETTINGS
 IDLE = 64            # plain tokens between tries where drafting did not pay
 MISSES = 16          # missed tokens gathered before the trimmed head is rebuilt with them
 RESIZE = 128         # verified tokens between reconsiderations of the trimmed head's size
-WINDOW = 9           # samples of each cost the gate takes the median of
+COST_WINDOW = 9           # samples of each cost the gate takes the median of
 
 
 def head_rows(n_vocab: int) -> int:
-    """Rows of the trimmed head to start with: 1/16 of the vocabulary, at least 4096 (the model's own text needs a
-    few thousand)."""
+    """Rows of the trimmed head to start with: 1/16 of the vocabulary, at least 4096 (its text needs thousands)."""
     return min(n_vocab, max(4096, n_vocab // 16))
 
 
@@ -123,13 +122,13 @@ class Clock:
     """Running costs (seconds) of the drafter's own steps, kept across calls: a plain step, a draft step, the head
     over k rows, the drafting cycles' wall time (this request's), and the drafts' measured acceptance (reported).
 
-    Each cost is the lower median of its last WINDOW samples. A step that rebuilt the graph costs several steps, and
+    Each cost is the lower median of its last COST_WINDOW samples. A step that rebuilt the graph costs several steps, and
     on a shared machine a step now and then stalls: a running mean took them in (one 290 ms rebuild on the 1.5B's 35 ms
     steps kept the gate drafting for a whole run; in a benchmark the 0.5B's plain step read 48 ms for 24, and drafting
     that could not pay looked as if it did). A median of the last few drops them and still follows a real change."""
 
     def __init__(self):
-        self.samples: dict = {}   # "step", "draft" or k (the head over k rows) -> its last WINDOW samples
+        self.samples: dict = {}   # "step", "draft" or k (the head over k rows) -> its last COST_WINDOW samples
         self.costs: dict = {}     # the same keys -> their lower median (kept current: the gate reads it every step)
         self.cycles = [0.0, 0.0]   # drafting cycles' decayed [wall seconds, tokens emitted], overheads and all
         self.n_step = 0
@@ -149,7 +148,7 @@ class Clock:
 
     def observe(self, what: str, seconds: float, k: int = 0) -> None:
         key = k if what == "head" else what
-        w = self.samples.setdefault(key, deque(maxlen=WINDOW))
+        w = self.samples.setdefault(key, deque(maxlen=COST_WINDOW))
         w.append(seconds)
         self.costs[key] = statistics.median_low(w)
         self.n_step += what == "step"
@@ -162,7 +161,7 @@ class Clock:
     def shift(self, what: str, seconds: float) -> None:
         """Move every sample of `what` by `seconds` (a draft step with more or fewer trimmed rows)."""
         if what in self.samples:
-            self.samples[what] = w = deque((x + seconds for x in self.samples[what]), maxlen=WINDOW)
+            self.samples[what] = w = deque((x + seconds for x in self.samples[what]), maxlen=COST_WINDOW)
             self.costs[what] = statistics.median_low(w)
 
     def cycle(self, k: int, seconds: float, tokens: int) -> None:
@@ -176,9 +175,7 @@ class Clock:
     def judged(self, agreed: int, rejected: int) -> None:
         self.acc = [0.9 * self.acc[0] + agreed, 0.9 * self.acc[1] + rejected]
 
-    @property
-    def acceptance(self) -> float | None:
-        return self.acc[0] / (self.acc[0] + self.acc[1]) if sum(self.acc) else None
+    acceptance = property(lambda self: self.acc[0] / sum(self.acc) if sum(self.acc) else None)
 
     def head_cost(self, k: int) -> float:
         """t_head(k): measured, else a line through the nearest measured sizes (one size: a flat line, so an
