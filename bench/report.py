@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from bench import builds as B, figures as P, upcast
+from bench import builds as B, figures as P, upcast, vcost
 from bench.headline import HEADLINE, headline, paired_ratio
 from bench.headtable import HEAD, head_table
 from bench.recorded import (GEMMA, QWEN, QWEN15, SMOL, cpu_words, dash, host_line, load, load_modes, same_text_note,
@@ -471,7 +471,7 @@ def section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
         lines += _eval(evals)
         fig.pareto_accuracy(evals, out / f"pareto_accuracy_{QWEN}.png")
         lines += [f"![accuracy](bench/results/pareto_accuracy_{QWEN}.png)", ""]
-    lines += _spec_block(out)
+    lines += _spec_block(out) + vcost.table(out)
     for folder in other_hosts(out):   # another host's speeds: the same sections, on their own
         sub = folder.relative_to(out).as_posix() + "/"
         lines += [f"### Other hosts: {folder.name}", "", f"Measured on another host (`bench/results/{sub}`): its "
@@ -479,6 +479,7 @@ def section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
         for key in (SMOL, QWEN, f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
             lines += _modes_block(folder, key, sub, fig)
         lines += [x for m in (SMOL, QWEN) for x in _runtime_block(folder, m, sub, fig)] + _spec_block(folder, sub)
+        lines += vcost.table(folder, sub)
         lines += extra(folder) if extra else []
     text = "\n".join(lines).rstrip() + "\n"
     return text if rel is None else text.replace("](bench/results/", f"]({rel}/")
