@@ -13,8 +13,8 @@ a per-token acceptance a, from timings of the drafter's own steps (kept across c
 time per token against a plain step's. A draft stands exactly when the full head's token is among the trimmed rows, so
 a is the rows' coverage of the text: counted on every token the request emits, drafted or plain, so that a request
 whose text the rows hold (an edit) drafts though the one before it (a chat) did not. Where no k gives S > 1 the loop
-decodes plainly (full head, one token per step) and measures the drafts again after IDLE tokens. Greedy only: with sampling, logits processors or
-penalties the request goes to the backbone alone.
+decodes plainly (full head, one token per step) and measures the drafts again after IDLE tokens. Greedy only: with
+sampling, logits processors or penalties the request goes to the backbone alone.
 """
 from __future__ import annotations
 
@@ -165,8 +165,9 @@ class Clock:
             self.costs[what] = statistics.median_low(w)
 
     def cycle(self, k: int, seconds: float, tokens: int) -> None:
-        """A whole cycle's wall time: a plain step's (k = 0), or a drafting cycle's into decayed sums, so that one
-        unlucky cycle (a draft rejected early) weighs as its tokens do, not as a rate of its own."""
+        """A plain step's decode (k = 0: timed as a draft step is, the whole cycle's wall time read 31.6 ms for a
+        19.9 ms step in a benchmark and made drafting look cheap), or a drafting cycle's wall time into decayed sums,
+        so that one unlucky cycle (a draft rejected early) weighs as its tokens do, not as a rate of its own."""
         if k == 0:
             self.observe("step", seconds)
         else:
@@ -230,6 +231,7 @@ class HeadCycle:
     rows: np.ndarray | None = None      # full-head logits of each position
     out: list[int] = field(default_factory=list)
     rebuilt: bool = False               # a plain step right after the trimmed head was cleared: the graph rebuilt
+    step_s: float = 0.0                 # a plain step's decode
 
 
 class HeadDraft:
@@ -276,11 +278,11 @@ class HeadDraft:
                 t0, c = time.perf_counter(), HeadCycle(n, k=self.choose_k(spec, st, n_ctx - n))
                 self.draft(c, pending) if c.k else self.plain(c, pending)
                 dec.accept([pending] + c.out[:-1], n)
-                # a cycle's whole cost, Python and all: what the gate compares (a plain step's, a draft's per token).
-                # Not a step that rebuilt the graph: the first after the prompt's batch, or after the trimmed head was
-                # cleared (SmolLM2's, about twice a step, had its step cost read 19 ms for 8.6)
+                # a drafting cycle's whole cost, Python and all, against a plain step's decode. Not a step that rebuilt
+                # the graph: the first after the prompt's batch, or after the trimmed head was cleared (SmolLM2's,
+                # about twice a step, had its step cost read 19 ms for 8.6)
                 if not (c.rebuilt or n == n0):
-                    self.clock.cycle(c.k, time.perf_counter() - t0, len(c.out))
+                    self.clock.cycle(c.k, c.step_s if c.k == 0 else time.perf_counter() - t0, len(c.out))
                 for i, tok in enumerate(c.out):   # settle: emit in order; a stop keeps the tokens before it
                     if stop is not None and stop(dec.history(n + i + 1), c.rows[i]):
                         dec.cut(n + 1 + i)
@@ -316,8 +318,10 @@ class HeadDraft:
         if self.head.ids.size:
             self.head.off()
             c.rebuilt = True
+        t0 = time.perf_counter()
         row = self.dec.decode([pending], c.pos)[0]
         c.rows, c.out = row[None], [int(row.argmax())]
+        c.step_s = time.perf_counter() - t0   # the decode alone, as a draft step is timed: like against like
         self.verified_text(c.out)
         self.head.missed(c.out[0])   # (gathered for the next rows set)
         self.idle += self.clock.draft is not None
@@ -389,11 +393,7 @@ class HeadDraft:
 
     def report(self, st) -> None:
         h = self.head
+        ms = lambda s: None if s is None else round(1e3 * s, 3)   # noqa: E731
         st.extra["head"] = {"rows": int(h.n_rows + len(h.extra)), "coverage": h.acceptance,
-                            "acceptance": self.clock.acceptance,
-                            "step_ms": _ms(self.clock.step), "draft_ms": _ms(self.clock.draft),
-                            "head_ms": {k: _ms(v) for k, v in sorted(self.clock.head.items())}}
-
-
-def _ms(s):
-    return None if s is None else round(1e3 * s, 3)
+                            "acceptance": self.clock.acceptance, "step_ms": ms(self.clock.step),
+                            "draft_ms": ms(self.clock.draft), "head_ms": {k: ms(v) for k, v in self.clock.head.items()}}
