@@ -32,7 +32,9 @@ from river_edge.settings import SETTINGS
 IDLE = 64            # plain tokens between tries where drafting did not pay
 MISSES = 16          # missed tokens gathered before the trimmed head is rebuilt with them
 RESIZE = 128         # verified tokens between reconsiderations of the trimmed head's size
-COST_WINDOW = 9           # samples of each cost the gate takes the median of
+COST_WINDOW = 9      # samples of each cost the gate takes the median of
+MARGIN = 1.05        # modelled S a cycle must reach: what a cycle costs beyond the model (the rows' graph rebuilds,
+# Python); at 1.0 the 0.5B's chat drafted k = 1, a cycle modelled as a hair cheaper than a step, and ran at 0.95x
 
 
 def head_rows(n_vocab: int) -> int:
@@ -165,9 +167,8 @@ class Clock:
             self.costs[what] = statistics.median_low(w)
 
     def cycle(self, k: int, seconds: float, tokens: int) -> None:
-        """A plain step's decode (k = 0: timed as a draft step is, the whole cycle's wall time read 31.6 ms for a
-        19.9 ms step in a benchmark and made drafting look cheap), or a drafting cycle's wall time into decayed sums,
-        so that one unlucky cycle (a draft rejected early) weighs as its tokens do, not as a rate of its own."""
+        """A plain step's decode (k = 0, timed as a draft step is: whole cycles read 31.6 ms for a 19.9 ms step), or a
+        drafting cycle's wall time into decayed sums, so that an unlucky cycle weighs as its tokens do."""
         if k == 0:
             self.observe("step", seconds)
         else:
@@ -203,9 +204,9 @@ class Clock:
         return self.speedup(a, self.draft, kmax)[0]
 
     def speedup(self, a: float, draft: float, kmax: int) -> tuple[int, float]:
-        """(k, S(k)) of the best k for acceptance a and a draft step's cost; (0, 1.0) where none beats a plain step."""
+        """(k, S(k)) of the best k at acceptance a; (0, MARGIN) where none beats a plain step by MARGIN."""
         a = min(a, 0.999)
-        best, best_s = 0, 1.0
+        best, best_s = 0, MARGIN
         for k in range(1, kmax + 1):
             s = (1 - a ** k) / (1 - a) * self.step / (k * draft + self.head_cost(k))
             if s > best_s:
