@@ -12,9 +12,9 @@ Cost gate: S(k) = E(k, a) t_step / (k t_draft + t_head(k)), with E(k, a) = (1 - 
 a per-token acceptance a, from timings of the drafter's own steps (kept across calls), and the cycles' measured wall
 time per token against a plain step's. A draft stands exactly when the full head's token is among the trimmed rows, so
 a is the rows' coverage of the text: counted on every token the request emits, drafted or plain, so that a request
-whose text the rows hold (an edit) drafts though the one before it (a chat) did not. Where no k gives S > 1 the loop
-decodes plainly (full head, one token per step) and measures the drafts again after IDLE tokens. Greedy only: with
-sampling, logits processors or penalties the request goes to the backbone alone.
+whose text the rows hold (an edit) drafts though the one before it (a chat) did not. Where no k gives S >= MARGIN
+the loop decodes plainly (full head, one token per step) and measures the drafts again after IDLE tokens. Greedy
+only: with sampling, logits processors or penalties the request goes to the backbone alone.
 """
 from __future__ import annotations
 
@@ -124,9 +124,9 @@ class Clock:
     """Running costs (seconds) of the drafter's own steps, kept across calls: a plain step, a draft step, the head
     over k rows, the drafting cycles' wall time (this request's), and the drafts' measured acceptance (reported).
 
-    Each cost is the lower median of its last COST_WINDOW samples. A step that rebuilt the graph costs several steps, and
-    on a shared machine a step now and then stalls: a running mean took them in (one 290 ms rebuild on the 1.5B's 35 ms
-    steps kept the gate drafting for a whole run; in a benchmark the 0.5B's plain step read 48 ms for 24, and drafting
+    Each cost is the lower median of its last COST_WINDOW samples. A step that rebuilt the graph costs several
+    steps, and on a shared machine a step now and then stalls: a running mean took them in (a 290 ms rebuild on the
+    1.5B's 35 ms steps kept the gate drafting for a whole run; the 0.5B's plain step read 48 ms for 24, and drafting
     that could not pay looked as if it did). A median of the last few drops them and still follows a real change."""
 
     def __init__(self):
