@@ -98,9 +98,21 @@ def series_hash(extra_cmake: list[str]) -> str:
     h = hashlib.sha256()
     h.update(f"{VERSION}\n{sys.version_info[:2]}\n{cpu_tag()}\n{compilers()}\n".encode())
     h.update(" ".join(CMAKE_ARGS + (PORTABLE if portable() else []) + extra_cmake).encode())
-    for p, where in series(extra_cmake):
-        h.update(p.name.encode() + b"\0" + where.encode() + b"\0" + p.read_bytes())
+    hash_series(h, extra_cmake)
     return h.hexdigest()[:16]
+
+
+def code_of(patch: Path) -> bytes:
+    """A patch's diff without its description: what `patch` applies, so rewording a header rebuilds nothing."""
+    data = patch.read_bytes()
+    at = min((i for i in (data.find(b"diff --git "), data.find(b"--- a/")) if i >= 0), default=0)
+    return data[at:]
+
+
+def hash_series(h, extra_cmake: list[str]) -> None:
+    """Feed each patch of the series (name, where it applies, its code) into h."""
+    for p, where in series(extra_cmake):
+        h.update(p.name.encode() + b"\0" + where.encode() + b"\0" + code_of(p))
 
 
 def cache_dir() -> Path:

@@ -51,8 +51,7 @@ def tag(extra: list[str] = ()) -> str:
     h = hashlib.sha256()
     tools = B.version_lines((CC, CXX, f"{TRIPLE}-g++", f"{TRIPLE}-ld"))
     h.update(f"{B.VERSION}\n{TRIPLE}\n{tools}\n{TOOLCHAIN}\n{' '.join(flags(extra))}\n".encode())
-    for p, where in B.series(list(extra)):
-        h.update(p.name.encode() + b"\0" + where.encode() + b"\0" + p.read_bytes())
+    B.hash_series(h, list(extra))
     return h.hexdigest()[:16]
 
 
