@@ -138,7 +138,7 @@ def test_a_river_gguf_carries_its_ranking(tiny_qwen2_base, tmp_path):
 
 def test_the_cost_gate_decodes_plainly_where_drafts_cannot_pay():
     """S(k) = E(k, a) t_step / (k t_draft + t_head(k)): drafting only where some k beats a plain step."""
-    from river_edge.runtime.headdraft import Clock
+    from river_edge.runtime.headclock import Clock
     c = Clock()
     assert c.best_k(8, 0.9) == 0               # a plain step's cost first
     c.observe("step", 0.010)
@@ -159,7 +159,8 @@ def test_the_cost_gate_decodes_plainly_where_drafts_cannot_pay():
 def test_a_request_whose_text_the_rows_hold_drafts_after_one_they_did_not(tiny_qwen2_base):
     """The gate's acceptance is the rows' coverage of the text, counted on plain steps too, and a new request's own
     text soon outweighs the last one's: a chat the rows missed must not keep an edit they hold from drafting."""
-    from river_edge.runtime.headdraft import Clock, TrimmedHead
+    from river_edge.runtime.headclock import Clock
+    from river_edge.runtime.headdraft import TrimmedHead
     dec = _llm(tiny_qwen2_base).decoder
     ranking = np.arange(dec.n_vocab, dtype=np.int32)
     h = TrimmedHead(dec, ranking, 8, sizes=(8,))
@@ -180,12 +181,13 @@ def test_a_request_whose_text_the_rows_hold_drafts_after_one_they_did_not(tiny_q
 def test_the_cost_gate_sizes_the_trimmed_head_by_measured_coverage():
     """More rows where the verified text needed them (acceptance gained is worth the rows' cost), fewer where every
     size held it; a size set by hand is never changed."""
-    from river_edge.runtime.headdraft import Clock, row_sizes
+    from river_edge.runtime.headclock import Clock
+    from river_edge.runtime.headdraft import row_sizes
     assert row_sizes(262144) == (8192, 16384, 32768, 65536) and row_sizes(5000) == (4096,)
     c = Clock()
     for what, sec in (("step", 0.010), ("step", 0.010), ("draft", 0.006)):
         c.observe(what, sec)
-    for k in (1, 2, 4, 8):
+    for k in (2, 4, 8):   # (the head over one row unmeasured: the plain step is the measured one, not capped)
         c.observe("head", 0.002 + 0.0005 * k, k)
     n_vocab, cur = 262144, 16384   # the step's 4 ms over the draft's: 245,760 rows left out
     assert c.best_rows(cur, n_vocab, {8192: 0.70, 16384: 0.80, 32768: 0.97, 65536: 0.975}, 8) == 32768
@@ -211,7 +213,7 @@ def test_the_cost_gate_drops_a_step_that_rebuilt_the_graph():
     """A plain step right after the trimmed head is cleared rebuilds the graph (many times a step), and a shared
     machine stalls a step now and then: the gate's step cost (the lower median of the last few) must not take them,
     else drafting looks like it pays whatever it costs."""
-    from river_edge.runtime.headdraft import COST_WINDOW, Clock
+    from river_edge.runtime.headclock import COST_WINDOW, Clock
     c = Clock()
     c.observe("step", 0.290)                    # the first step: a graph rebuild
     c.observe("step", 0.035)
@@ -229,3 +231,24 @@ def test_the_cost_gate_drops_a_step_that_rebuilt_the_graph():
     assert c.draft == pytest.approx(0.015)
     c.forget("draft")
     assert c.draft is None
+
+
+def test_the_cost_gate_weighs_drafts_against_a_step_measured_beside_them():
+    """The plain steps come before drafting, possibly under another load: one read high (SmolLM2's 14.2 ms for a
+    9.4 ms step) made chat drafting look 1.2x where it was 0.8x. The gate caps the plain step by a draft step plus
+    the full head over the rows the trimmed head leaves out, both timed while drafting."""
+    from river_edge.runtime.headclock import MARGIN, Clock
+    c = Clock()
+    for what, sec, k in (("step", 0.0142, 0), ("step", 0.0142, 0), ("draft", 0.0080, 0), ("head", 0.0025, 4)):
+        c.observe(what, sec, k)
+    c.left_out = 1 - 4297 / 49152
+    assert c.plain == pytest.approx(0.0142) and c.best_k(8, 0.8) > 0   # the stale step alone: drafting "pays"
+    c.observe("head", 0.0015, 1)
+    assert c.plain == pytest.approx(0.0080 + 0.0015 * c.left_out)
+    assert c.best_k(8, 0.8) == 0 and c.speedup(0.8, c.draft, 8) == (0, MARGIN)
+    assert c.best_k(8, 0.999) > 0                       # where nearly every draft stands, it still pays
+    c.observe("step", 0.0090)
+    c.observe("step", 0.0090)
+    assert c.plain == pytest.approx(0.0090)             # a lower measured step wins: the cap only ever lowers it
+    c.left_out = 0.0
+    assert c.plain == pytest.approx(0.0080)

@@ -18,13 +18,12 @@ only: with sampling, logits processors or penalties the request goes to the back
 """
 from __future__ import annotations
 
-import statistics
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from river_edge.runtime.headclock import Clock
 from river_edge.runtime.headrank import load_or_build
 from river_edge.runtime.sampling import Transform
 from river_edge.settings import SETTINGS
@@ -32,9 +31,6 @@ from river_edge.settings import SETTINGS
 IDLE = 64            # plain tokens between tries where drafting did not pay
 MISSES = 16          # missed tokens gathered before the trimmed head is rebuilt with them
 RESIZE = 128         # verified tokens between reconsiderations of the trimmed head's size
-COST_WINDOW = 9      # samples of each cost the gate takes the median of
-MARGIN = 1.05        # modelled S a cycle must reach: what a cycle costs beyond the model (the rows' graph rebuilds,
-# Python); at 1.0 the 0.5B's chat drafted k = 1, a cycle modelled as a hair cheaper than a step, and ran at 0.95x
 
 
 def head_rows(n_vocab: int) -> int:
@@ -120,110 +116,6 @@ class TrimmedHead:
         self.ids = self.ids[:0]
 
 
-class Clock:
-    """Running costs (seconds) of the drafter's own steps, kept across calls: a plain step, a draft step, the head
-    over k rows, the drafting cycles' wall time (this request's), and the drafts' measured acceptance (reported).
-
-    Each cost is the lower median of its last COST_WINDOW samples. A step that rebuilt the graph costs several
-    steps, and on a shared machine a step now and then stalls: a running mean took them in (a 290 ms rebuild on the
-    1.5B's 35 ms steps kept the gate drafting for a whole run; the 0.5B's plain step read 48 ms for 24, and drafting
-    that could not pay looked as if it did). A median of the last few drops them and still follows a real change."""
-
-    def __init__(self):
-        self.samples: dict = {}   # "step", "draft" or k (the head over k rows) -> its last COST_WINDOW samples
-        self.costs: dict = {}     # the same keys -> their lower median (kept current: the gate reads it every step)
-        self.cycles = [0.0, 0.0]   # drafting cycles' decayed [wall seconds, tokens emitted], overheads and all
-        self.n_step = 0
-        self.acc = [0.0, 0.0]   # decayed [accepted, rejected] drafts
-
-    @property
-    def step(self) -> float | None:
-        return self.costs.get("step")
-
-    @property
-    def draft(self) -> float | None:
-        return self.costs.get("draft")
-
-    @property
-    def head(self) -> dict[int, float]:
-        return {k: v for k, v in self.costs.items() if isinstance(k, int)}
-
-    def observe(self, what: str, seconds: float, k: int = 0) -> None:
-        key = k if what == "head" else what
-        w = self.samples.setdefault(key, deque(maxlen=COST_WINDOW))
-        w.append(seconds)
-        self.costs[key] = statistics.median_low(w)
-        self.n_step += what == "step"
-
-    def forget(self, what: str) -> None:
-        """Measure `what` anew (the drafts, after a plain spell: the machine's load may have changed)."""
-        self.samples.pop(what, None)
-        self.costs.pop(what, None)
-
-    def shift(self, what: str, seconds: float) -> None:
-        """Move every sample of `what` by `seconds` (a draft step with more or fewer trimmed rows)."""
-        if what in self.samples:
-            self.samples[what] = w = deque((x + seconds for x in self.samples[what]), maxlen=COST_WINDOW)
-            self.costs[what] = statistics.median_low(w)
-
-    def cycle(self, k: int, seconds: float, tokens: int) -> None:
-        """A plain step's decode (k = 0, timed as a draft step is: whole cycles read 31.6 ms for a 19.9 ms step), or a
-        drafting cycle's wall time into decayed sums, so that an unlucky cycle weighs as its tokens do."""
-        if k == 0:
-            self.observe("step", seconds)
-        else:
-            self.cycles = [0.95 * self.cycles[0] + seconds, 0.95 * self.cycles[1] + tokens]
-
-    def judged(self, agreed: int, rejected: int) -> None:
-        self.acc = [0.9 * self.acc[0] + agreed, 0.9 * self.acc[1] + rejected]
-
-    acceptance = property(lambda self: self.acc[0] / sum(self.acc) if sum(self.acc) else None)
-
-    def head_cost(self, k: int) -> float:
-        """t_head(k): measured, else a line through the nearest measured sizes (one size: a flat line, so an
-        unmeasured larger k looks cheap and gets tried once)."""
-        h = self.costs
-        if k in h:
-            return h[k]
-        ks = sorted(x for x in h if isinstance(x, int))
-        lo = max((x for x in ks if x < k), default=ks[0])
-        hi = min((x for x in ks if x > k), default=ks[-1])
-        if lo == hi:
-            return h[lo]
-        return h[lo] + (h[hi] - h[lo]) * (k - lo) / (hi - lo)
-
-    def best_k(self, kmax: int, a: float) -> int:
-        """argmax_k S(k) at acceptance a, 0 (decode plainly) where no k beats a plain step. Two plain steps first (the
-        first one pays for a graph rebuild), then a cycle of 4 to measure the drafts and the head."""
-        if self.n_step < 2:
-            return 0
-        if self.draft is None or not self.head:
-            return min(4, kmax)
-        if self.cycles[1] >= 16 and self.cycles[0] / self.cycles[1] > 0.98 * self.step:
-            return 0   # what the cycles really cost per token, not the model of it, says drafting does not pay
-        return self.speedup(a, self.draft, kmax)[0]
-
-    def speedup(self, a: float, draft: float, kmax: int) -> tuple[int, float]:
-        """(k, S(k)) of the best k at acceptance a; (0, MARGIN) where none beats a plain step by MARGIN."""
-        a = min(a, 0.999)
-        best, best_s = 0, MARGIN
-        for k in range(1, kmax + 1):
-            s = (1 - a ** k) / (1 - a) * self.step / (k * draft + self.head_cost(k))
-            if s > best_s:
-                best, best_s = k, s
-        return best, best_s
-
-    def best_rows(self, n_rows: int, n_vocab: int, coverage: dict[int, float], kmax: int) -> int:
-        """The trimmed head's size with the best modelled S: a size's acceptance is its measured coverage, its draft
-        step the measured one plus or minus its rows' share of what the full head adds to a plain step."""
-        if self.draft is None or self.step is None or not self.head:
-            return n_rows
-        per_row = max(self.step - self.draft, 0.0) / max(n_vocab - n_rows, 1)
-        s = {n: self.speedup(a, self.draft + (n - n_rows) * per_row, kmax)[1] for n, a in coverage.items()}
-        best = max(s, key=s.get)
-        return best if s[best] > 1.02 * s.get(n_rows, 1.0) else n_rows   # 2% or more, else stay (a resize costs)
-
-
 @dataclass
 class HeadCycle:
     """One head-drafting cycle at position pos: the kept inputs' logits rows, the tokens it emits."""
@@ -304,6 +196,7 @@ class HeadDraft:
     def choose_k(self, spec, st, room: int) -> int:
         """The cost gate's k (a test's fixed `draft_k`), 0 for a plain step; the trimmed head set on first use."""
         self.kmax = spec.kmax   # llm.decoding.kmax: drafts per cycle at most
+        self.clock.left_out = 1.0 - (self.head.ids.size or self.head.n_rows) / self.dec.n_vocab
         k = (self.clock.best_k(self.kmax, self.head.acceptance) if spec.draft_k is None else
              spec.draft_k() if callable(spec.draft_k) else spec.draft_k)
         k = min(k, room) if self.trimmed else 0
@@ -348,8 +241,13 @@ class HeadDraft:
                 break
         # not the first step after the rows were set, which rebuilds the graph: a probe's 4 steps averaged it in (the
         # 0.5B's draft step read 20.8 ms for 15), and with k = 1 or 2 a median was that step (SmolLM2's 7.7 ms read 20)
+        probe = self.clock.draft is None
         if ts:
             self.clock.observe("draft", float(np.median(ts)))
+        if probe and c.k > 1:   # the full head over one row, timed beside the drafts: what a draft step leaves out
+            t0 = time.perf_counter()
+            dec.head_logits(hs[:1])
+            self.clock.observe("head", time.perf_counter() - t0, 1)
         self.verify(c, hs)
         self.accept(c, batch)
 
@@ -389,7 +287,7 @@ class HeadDraft:
         n = clock.best_rows(h.n_rows, self.dec.n_vocab, h.coverage(), self.kmax)
         if n != h.n_rows:
             old, h.n_rows = h.n_rows, n
-            clock.shift("draft", (n - old) * max(clock.step - clock.draft, 0.0) / max(self.dec.n_vocab - old, 1))
+            clock.shift("draft", (n - old) * max(clock.plain - clock.draft, 0.0) / max(self.dec.n_vocab - old, 1))
             h.apply(self.prompt) if h.ids.size else h.prepare(self.prompt)   # on the context only while drafting
 
     def report(self, st) -> None:
