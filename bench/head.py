@@ -87,6 +87,11 @@ def head_curve(llm, ks=(1, 2, 4, 8, 12, 16), reps: int = 7) -> dict:
     return {"head_ms_by_rows": out, "step_ms": round(1e3 * float(np.median(ts)), 3)}
 
 
+def drafted_share(texts: list[list]) -> float:
+    toks = [t for text in texts for t in text]
+    return sum(t.draft is not None for t in toks) / max(len(toks), 1)
+
+
 def run_model(name: str, rounds: int, n_tokens: int, threads: int) -> dict:
     path = str(zoo.prepare(name))
     kw = dict(n_ctx=2048, seed=0, n_threads=threads, n_threads_batch=threads)
@@ -108,7 +113,9 @@ def run_model(name: str, rounds: int, n_tokens: int, threads: int) -> dict:
         same = {c: sum(r["results"][c][0] == r["results"]["shipped"][0] for r in rows if r["round"] == 0)
                 for c in CONFIGS if c != "shipped"}
         res = {"prompts": len(prompts), "tok_s_median": {c: float(np.median([t[c] for t in tps])) for c in CONFIGS},
-               "same_text_as_shipped": same}
+               "same_text_as_shipped": same,
+               # the share of emitted tokens that were drafts that stood (each Token's `draft`)
+               "drafted_share": {c: drafted_share([r["results"][c][0] for r in rows]) for c in CONFIGS[1:]}}
         for c in CONFIGS[1:]:
             _, m, ci = paired(tps, c, ref="shipped")
             res[f"{c}_x_shipped"] = {"median": m, "ci95": ci}

@@ -80,6 +80,7 @@ class Turn:
     seconds: float
     finish: str | None = None
     dropped: int = 0     # oldest exchanges left out because the history outgrew the context
+    drafted: int | None = None   # exact and gated modes: the answer's tokens whose draft stood (runtime/token.py)
 
 
 @dataclass
@@ -176,7 +177,8 @@ class Chat:
         seconds = time.perf_counter() - t0
         steps = meter.samples
         tokens = steps - 1 if finish == "stop" and steps else steps  # the end-of-turn token is not shown
-        turn = Turn(answer, tokens, meter.tok_s(), meter.depth(), seconds, finish, dropped)
+        st = self.llm.stats() if getattr(self.llm, "mode", None) in F.LOOP_MODES else {}
+        turn = Turn(answer, tokens, meter.tok_s(), meter.depth(), seconds, finish, dropped, st.get("call_drafted"))
         s = self.session
         s.tokens += tokens
         s.decode_steps += meter.decode_steps()
@@ -189,7 +191,8 @@ class Chat:
     def turn_line(self, turn: Turn) -> str:
         river = "" if self.label() == "river on" else f" ({self.label()})"
         gone = f"; {turn.dropped} oldest exchange(s) dropped to fit the context" if turn.dropped else ""
-        return (f"[{turn.tokens} tokens, {turn.tok_s:.1f} tok/s, backbone depth "
+        drafted = f", {turn.drafted} drafted" if turn.drafted is not None else ""
+        return (f"[{turn.tokens} tokens{drafted}, {turn.tok_s:.1f} tok/s, backbone depth "
                 f"{turn.depth:.1f}/{self.n_layer}{river}{gone}]")
 
     def stats(self) -> str:

@@ -150,6 +150,13 @@ def test_cli_drafter(tiny_llama):
     backbone = answer("--mode", "backbone")
     assert answer("--mode", "exact", "--drafter", "ngram") == backbone
     assert answer("--mode", "exact", "--drafter", "river+ngram") == backbone
+    # the turn's line counts the drafts that stood (each token's Step), where the mode drafts and only there
+    chat = Chat(load(tiny_llama, n_ctx=256, mode="exact", drafter="ngram"), out=io.StringIO(), max_tokens=24,
+                temperature=0.0)
+    turn = chat.ask("one two one two one two one two")
+    assert turn.drafted == chat.llm.stats()["call_drafted"] and f"tokens, {turn.drafted} drafted, " in chat.turn_line(turn)
+    plain = Chat(load(tiny_llama, n_ctx=256, mode="backbone"), out=io.StringIO(), max_tokens=4, temperature=0.0)
+    assert "drafted" not in plain.turn_line(plain.ask("hi"))
 
 
 def test_cli_exact_on_a_plain_gguf(tiny_llama_base):

@@ -677,3 +677,26 @@ def test_max_tokens_holds_while_bytes_start_characters_without_end(tiny_llama, m
     lead = next(t for t in range(llm.n_vocab()) if llm.detokenize([t]) == b"\xf7")
     out = llm.create_completion("hello", max_tokens=8, temperature=0, logit_bias={lead: 100.0})
     assert 8 <= out["usage"]["completion_tokens"] <= 11 and llm.n_tokens < 32
+
+
+def test_each_mode_yields_tokens_that_say_whose_draft_stood(tiny_qwen2):
+    """One typed step result per token (runtime/token.py), what chat and the benchmarks read: the mode, and whose
+    draft stood there. Run to the end of the context, so every cycle's tokens are read: exact mode's drafted tokens
+    are its accepted drafts, gated mode's are the river's tokens the gate let stand."""
+    from river_edge.runtime.token import Token
+    p = [1, 5, 9, 200, 5, 9, 200, 5, 9]
+    bb = _llm(tiny_qwen2, "backbone")
+    n = bb.n_ctx() - len(p) + 1   # the context's worth (the last never decoded: backbone mode's loop would fail there)
+    want = _gen(bb, p, n=n)
+    assert all(isinstance(t, Token) and (t.mode, t.draft) == ("backbone", None) for t in want)
+    for drafter in ("ngram", "river"):
+        ex = _llm(tiny_qwen2, "exact", drafter=drafter)
+        ex.decoding.draft_k = 4
+        got = list(ex.generate(p, temp=0.0))
+        assert got == want and {t.mode for t in got} == {"exact"} and {t.draft for t in got} == {drafter, None}
+        assert sum(t.draft is not None for t in got) == ex.stats()["accepted"] == ex.stats()["call_drafted"] > 0
+    for gate, stood in ((0.0, None), (math.inf, "river")):
+        g = list(_llm(tiny_qwen2, "gated", gate=gate).generate(p, temp=0.0))
+        assert len(g) == n and g[0].draft is None and {t.draft for t in g[1:]} == {stood}   # g[0]: the prompt's
+    s = Token(7, "exact", "ngram")
+    assert s == 7 and str(s) == f"{s}" == "7" and hash(s) == hash(7) and repr(s) == "Token(7, 'exact', 'ngram')"

@@ -47,9 +47,9 @@ def alternate(cfgs: Sequence, items: Sequence, run: Callable, *, rounds: int, ma
 
 
 def timed_greedy(llm, prompt: list[int], n: int, before=None) -> tuple[list[int], float, float]:
-    """n greedy tokens after the first; (tokens, decode tok/s, request seconds). Every configuration is
-    timed from the same two points: the request (prefill included) and the first token, which every mode
-    takes from the prompt's logits (exact mode included), to the n-th token after it."""
+    """n greedy tokens after the first (a RiverLlama's as its Tokens: runtime/token.py); (tokens, decode tok/s,
+    request seconds). Every configuration is timed from the same two points: the request (prefill included) and the
+    first token, which every mode takes from the prompt's logits (exact mode included), to the n-th token after it."""
     llm.reset()
     if before is not None:   # e.g. reset a draft model's own context
         before(llm)
@@ -59,7 +59,7 @@ def timed_greedy(llm, prompt: list[int], n: int, before=None) -> tuple[list[int]
         if t0 is None:
             t0 = time.perf_counter()
         else:
-            out.append(int(tok))
+            out.append(tok)
         if len(out) >= n:
             break
     t1 = time.perf_counter()

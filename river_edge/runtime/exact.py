@@ -46,6 +46,7 @@ import numpy as np
 from river_edge.runtime.costs import CostModel
 from river_edge.runtime.drafters import Context, Draft, Offer
 from river_edge.runtime.sampling import Transform, agree, margin, processed_probs, scores, top1_prob
+from river_edge.runtime.token import Token
 
 PROBE_IDLE = 128          # tokens between probes where no acceptance could make drafting pay
 
@@ -105,7 +106,7 @@ class ExactCall:
         if self.stop is not None and self.stop(dec.history(n), row):
             return
         self.gen.append(pending)
-        yield pending
+        yield Token(pending, "exact")
         if n >= n_ctx:
             return
         spec.decode_threads(True)
@@ -232,8 +233,8 @@ class ExactCall:
                 dec.cut(c.pos + 1 + i)
                 return True
             self.gen.append(tok)
-            try:
-                yield tok
+            try:   # a draft stood where the backbone's token is it (the agreed count of accept and settle)
+                yield Token(tok, "exact", c.source if i < len(c.drafts) and tok == c.drafts[i] else None)
             except GeneratorExit:
                 if self.spec.owns(me):
                     dec.cut(c.pos + 1 + i)

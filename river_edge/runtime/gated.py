@@ -9,6 +9,7 @@ import numpy as np
 
 from river_edge.runtime.decoder import Decoder
 from river_edge.runtime.sampling import row_entropy
+from river_edge.runtime.token import Token
 
 
 def gated(dec: Decoder, gate: float, st, tokens: list[int], kw: dict, owns: Callable[[], bool]):
@@ -30,13 +31,15 @@ def gated(dec: Decoder, gate: float, st, tokens: list[int], kw: dict, owns: Call
     pending = dec.sample(sampler)   # the first token from the backbone's prompt logits
     if stop is not None and stop(dec.history(n), row):
         return
-    yield pending
+    yield Token(pending, "gated")
     try:
         while n < n_ctx:
             dec.force_exit(-1)
             row = dec.decode([pending], n)[0]
             st.river_steps += 1
+            drafted = "river"
             if gate <= 0 or (gate < math.inf and row_entropy(row) >= gate):
+                drafted = None
                 dec.force_exit(L - 1)
                 dec.remove(n)
                 row = dec.decode([pending], n)[0]
@@ -45,7 +48,7 @@ def gated(dec: Decoder, gate: float, st, tokens: list[int], kw: dict, owns: Call
             tok = dec.sample(sampler)   # (a logits processor reads the history: pending is in it)
             if stop is not None and stop(dec.history(n + 1), np.array(row)):
                 return
-            yield tok
+            yield Token(tok, "gated", drafted)
             pending, n = tok, n + 1
     finally:
         if owns():   # a stream closed after a later call took the model leaves it alone (Spec.owns)

@@ -26,6 +26,7 @@ import numpy as np
 from river_edge.runtime.headclock import Clock
 from river_edge.runtime.headrank import load_or_build
 from river_edge.runtime.sampling import Transform
+from river_edge.runtime.token import Token
 from river_edge.settings import SETTINGS
 
 IDLE = 64            # plain tokens between tries where drafting did not pay
@@ -123,6 +124,7 @@ class HeadCycle:
     k: int = 0                          # body steps on the trimmed head (0: a plain step)
     rows: np.ndarray | None = None      # full-head logits of each position
     out: list[int] = field(default_factory=list)
+    stood: int = 0                      # out[:stood] are drafts that stood, the rest the full head's own
     rebuilt: bool = False               # a plain step right after the trimmed head was cleared: the graph rebuilt
     step_s: float = 0.0                 # a plain step's decode
 
@@ -159,7 +161,7 @@ class HeadDraft:
         pending = int(row.argmax())
         if stop is not None and stop(dec.history(n), row):
             return
-        yield pending
+        yield Token(pending, "exact")
         self.idle, self.trimmed, self.prompt, self.st, self.verified = 0, True, tokens, st, 0
         self.head.begin(tokens)
         self.head.observe([pending])
@@ -181,7 +183,7 @@ class HeadDraft:
                         dec.cut(n + 1 + i)
                         return
                     try:
-                        yield tok
+                        yield Token(tok, "exact", "head" if i < c.stood else None)
                     except GeneratorExit:
                         if spec.owns(me):
                             dec.cut(n + 1 + i)
@@ -263,7 +265,7 @@ class HeadDraft:
         j = 0
         while j < c.k and g[j] == batch[j + 1]:
             j += 1
-        c.out = batch[1:j + 1] + ([int(g[j])] if j < c.k else [])
+        c.out, c.stood = batch[1:j + 1] + ([int(g[j])] if j < c.k else []), j
         self.clock.judged(j, int(j < c.k))
         if self.clock.cycles[1] >= 16 and self.clock.best_k(self.kmax, self.head.acceptance):
             self.idle_limit = IDLE   # measured, drafting pays: a later plain spell measures again soon

@@ -46,6 +46,7 @@ from river_edge.runtime.costs import CostModel, cached, probe
 from river_edge.runtime.drafters import resolve_drafter
 from river_edge.runtime.exact import Cycle, ExactCall
 from river_edge.runtime.gated import gated
+from river_edge.runtime.token import Token
 from river_edge.settings import SETTINGS, Guarded
 
 DEFAULT_GATE = 1.0          # nats; used when the GGUF has no fitted gate
@@ -68,6 +69,7 @@ class Stats:
     # the latest generate() call: tokens, and the wall clock at its first and last token (river_edge.meter.Meter
     # times every mode from the first token to the last, as its logits processor does where it can run)
     call_tokens: int = 0
+    call_drafted: int = 0         # of them, drafts that stood (each Token's `draft`)
     call_first: float = 0.0
     call_last: float = 0.0
     extra: dict = field(default_factory=dict)
@@ -203,7 +205,8 @@ class Spec:
         d = {"mode": s.mode, "tokens": s.tokens, "seconds": s.seconds,
              "tok_s": s.tokens / s.seconds if s.seconds > 0 else 0.0,
              # the latest generate() call, from its first token to its last (every mode's decode clock)
-             "call_decode_seconds": s.call_last - s.call_first if s.call_tokens > 1 else 0.0}
+             "call_decode_seconds": s.call_last - s.call_first if s.call_tokens > 1 else 0.0,
+             "call_tokens": s.call_tokens, "call_drafted": s.call_drafted}
         if s.mode == "exact":
             d.update(cycles=s.cycles, drafted=s.drafted, accepted=s.accepted,
                      acceptance_rate=s.accepted / s.drafted if s.drafted else float("nan"),
@@ -290,17 +293,22 @@ class Spec:
         return self._epoch
 
     def _timed(self, start):
-        gen = self._timed_gen(start)
+        gen = self._timed_gen(start, self.llm)
         self._streams.add(gen)
         return gen
 
-    def _timed_gen(self, start):
-        st = self.st
+    def _timed_gen(self, start, llm):   # llm: the stream holds its model (`RiverLlama(...).generate(...)` alone does not)
+        """The call's tokens, each a Token (the modes that decode through llama-cpp-python's own loop yield ids),
+        timed and counted."""
+        st, mode = self.st, self._mode
         gen = start(self._claim())
-        st.call_tokens = 0
+        st.call_tokens = st.call_drafted = 0
         t0 = time.perf_counter()
         try:
             for tok in gen:
+                if not isinstance(tok, Token):
+                    tok = Token(tok, mode)
+                st.call_drafted += tok.draft is not None
                 now = time.perf_counter()
                 st.tokens += 1
                 st.seconds += now - t0
