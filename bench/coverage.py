@@ -24,7 +24,7 @@ from river_edge.runtime.headdraft import MISSES
 from river_edge.runtime.headrank import chat_tokens, load_or_build
 from river_edge.runtime.llama import RiverLlama
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 
 
 def answer(llm, prompt: list[int], n: int) -> list[int]:
@@ -83,7 +83,7 @@ def main() -> None:
     a = ap.parse_args()
     for name in a.models:
         res = run_model(name, a.tokens, a.threads)
-        folder = host_folder(HERE / "results", res["host"])
+        folder = host_folder(_HERE / "results", res["host"])
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"coverage_{name}.json").write_text(json.dumps(res, indent=1) + "\n")
         print(json.dumps({k: res[k] for k in ("model", "chat", "edit")}))

@@ -34,10 +34,10 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "patches"))
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(_ROOT / "patches"))
 import build as B   # noqa: E402  (patches/build.py: the series, its flags, the CUDA libraries)
-BUNDLE = ROOT / ".device"
+BUNDLE = _ROOT / ".device"
 MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 # llama.cpp's folders the build never reads (-DLLAMA_BUILD_TOOLS=OFF etc.) and the backends it does not build
 TRIM = ("models", "docs", "tools", "benches", "examples", "scripts", "conversion", "tests", "media", "gguf-py",
@@ -76,7 +76,7 @@ def _shapes() -> dict:
 
 def _cpu_figures(model: str) -> dict:
     """Acceptance (exact) and mean exit depth (the rule) this repository measured on the real weights."""
-    p = ROOT / "bench" / "results" / f"modes_{model}.json"
+    p = _ROOT / "bench" / "results" / f"modes_{model}.json"
     if not p.is_file():
         return {}
     d = json.loads(p.read_text())
@@ -164,7 +164,7 @@ def runtime(log, cap: str | None) -> dict:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                         str(BUNDLE / "build" / "wheel"), str(src)], env=env, check=True, stdout=log, stderr=log)
         wheels += [str(p) for p in (BUNDLE / "build" / "wheel").glob("*.whl")]
-    subprocess.run(pip + wheels + [str(ROOT)], check=True, stdout=log, stderr=log)
+    subprocess.run(pip + wheels + [str(_ROOT)], check=True, stdout=log, stderr=log)
     return {"how": how, "seconds": round(time.monotonic() - t0, 1), "cuda_arch": cap}
 
 
@@ -182,7 +182,7 @@ def tests(log, out: Path) -> dict:
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_device.py",
                         "-k", "not smollm2", f"--junitxml={out / 'device_tests.xml'}"],
-                       cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+                       cwd=_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     return {"returncode": r.returncode, "seconds": round(time.monotonic() - t0, 1)}
 
 
@@ -224,9 +224,9 @@ def main(argv=None) -> int:
         # the benchmarks import the installed runtime: a child with the site on its path
         # the tree's root after the site, for bench.* (its river_edge/ lacks the installed subpackages: the site's
         # comes first); run as a file, not -m, which would put the working directory's river_edge/ first
-        env = dict(child_env(), PYTHONPATH=f"{BUNDLE / 'site'}{os.pathsep}{ROOT}")
+        env = dict(child_env(), PYTHONPATH=f"{BUNDLE / 'site'}{os.pathsep}{_ROOT}")
         left = args.budget - (time.monotonic() - t0)
-        r = subprocess.run([sys.executable, str(ROOT / "bench" / "device_bench.py"), "--out", str(args.out),
+        r = subprocess.run([sys.executable, str(_ROOT / "bench" / "device_bench.py"), "--out", str(args.out),
                             "--models", args.models, "--threads", args.threads, "--budget", str(left),
                             "--tokens", str(args.tokens), "--shapes", str(BUNDLE / "shapes.json"),
                             *(["--gpu"] if cap else [])], env=env, stdout=log, stderr=subprocess.STDOUT)

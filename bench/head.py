@@ -33,7 +33,7 @@ from bench.recorded import host_folder
 from river_edge.runtime.headrank import chat_tokens
 from river_edge.runtime.llama import RiverLlama
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 CHAT = [
     "Write a short poem about the sea.", "Explain what a Python list comprehension is.",
     "What is the capital of France? Answer in one sentence.", "Give three tips for writing clean code.",
@@ -128,7 +128,7 @@ def main() -> None:
     a = ap.parse_args()
     for name in a.models:
         res = run_model(name, a.rounds, a.tokens, a.threads)
-        folder = host_folder(HERE / "results", res["host"])
+        folder = host_folder(_HERE / "results", res["host"])
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"head_{name}.json").write_text(json.dumps(res, indent=1) + "\n")
         print(json.dumps({k: res[k] for k in ("model", "chat", "edit")}, indent=1))

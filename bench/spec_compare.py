@@ -40,7 +40,7 @@ from river_edge.measure.harness import rotation, timed_greedy
 from river_edge.measure.plots import save
 from bench.recorded import cpu_words
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 PROMPTS = [
     "def quicksort(arr):\n    \"\"\"Sort a list of integers in place.\"\"\"\n",
     "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parting", type=Path, help="a text_spec_compare JSON: where exact parts from the stock "
                     "backbone there, which side moved (parting_<name>.json beside it; run under that JSON's CPU variant)")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--out", type=Path, default=_HERE / "results")
     a = ap.parse_args(argv)
     if a.backbone is None:
         from river_edge.gguf_tools.convert import plain

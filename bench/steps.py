@@ -26,9 +26,9 @@ from bench.device_bench import section as device_section
 from bench.recorded import GEMMA, PLAIN_CONFIGS, QWEN, QWEN15, SMOL
 from bench.report import EVAL_CONFIGS, FULL, report
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent
+_RESULTS = _HERE / "results"
 CONFIGS = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,gated,river,fast,backbone," + PLAIN_CONFIGS
 # the 1.5B: exact mode only (no thresholds needed), each drafter, over the F16 upcast and over the shipped file
 CONFIGS_15 = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,exact:draft,backbone," + PLAIN_CONFIGS
@@ -144,7 +144,7 @@ def step_spec_compare(out: Path, limit: int | None, model: str) -> dict:
     draft = zoo.prepare(QWEN)
     args = ["--river", str(path), "--draft", str(draft), "--name", QWEN15, "--out", str(out)]
     args += ["--rounds", "1", "--tokens", "12"] if limit else ["--rounds", "8"]
-    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=_ROOT)
     return json.loads((out / f"spec_compare_{QWEN15}.json").read_text())
 
 
@@ -177,7 +177,7 @@ def step_text_spec_compare(out: Path, limit: int | None, model: str) -> dict:
     from river_edge import zoo
     args = ["--river", str(_exact_river(QWEN15)), "--draft", str(zoo.prepare(QWEN)), "--name", QWEN15, "--out", str(out),
             "--text-prompts", "2" if limit else str(TEXT_PROMPTS), "--tokens", "12" if limit else "64"]
-    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=_ROOT)
     return json.loads((out / f"text_spec_compare_{QWEN15}.json").read_text())
 
 
@@ -273,7 +273,7 @@ def rescore(out: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=("run", "report", "rescore"))
-    ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the JSON and plots")
+    ap.add_argument("--out", type=Path, default=_RESULTS, help="folder of the JSON and plots")
     ap.add_argument("--limit", type=int, help="smoke run: N problems per task and tiny sizes everywhere")
     ap.add_argument("--eval-limit", type=int, help="at most N problems per accuracy task (the rest full size)")
     ap.add_argument("--only", help="comma list of steps (" + ", ".join(STEPS) + ")")
@@ -287,16 +287,16 @@ def main(argv=None) -> int:
         as_host_env(a.as_host)
     global EVAL_LIMIT
     EVAL_LIMIT = a.eval_limit
-    page = ROOT / "docs" / "results.md"
-    readme = a.readme or (page if a.out.resolve() == RESULTS.resolve() else None)
+    page = _ROOT / "docs" / "results.md"
+    readme = a.readme or (page if a.out.resolve() == _RESULTS.resolve() else None)
     if a.what == "run":
         run(a.out, a.limit, a.only.split(",") if a.only else None, [x for x in a.redo.split(",") if x], a.as_host)
-        if a.out.resolve() == RESULTS.resolve():
+        if a.out.resolve() == _RESULTS.resolve():
             from bench import builds
             builds.main()   # the new records' builds, matched to their series before the pages name them
     if a.what == "rescore":
         rescore(a.out)
-    front = ROOT / "README.md" if readme is not None and readme.resolve() == page.resolve() else None
+    front = _ROOT / "README.md" if readme is not None and readme.resolve() == page.resolve() else None
     print(report(a.out, readme, front, extra=device_section))
     return 0
 

@@ -27,7 +27,7 @@ from bench.recorded import host_folder
 from river_edge.runtime.headrank import chat_tokens
 from river_edge.runtime.llama import RiverLlama
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 PLAIN_DRAFTERS = ("ngram", "ngram-cache", "head")     # need no river
 RIVER_DRAFTERS = ("river", "river+ngram")             # need the river GGUF
 
@@ -84,7 +84,7 @@ def main() -> None:
     if a.river:
         files["upcast"] = (a.river, True, "the river GGUF's backbone: the F16 upcast of the shipped weights")
     h = host(a.threads)
-    rec = host_folder(HERE / "results", h) / f"stocktext_{a.model}.json"
+    rec = host_folder(_HERE / "results", h) / f"stocktext_{a.model}.json"
     merge = (a.only or a.upcast_only) and rec.exists()
     out = json.loads(rec.read_text()) if merge else \
         {"model": a.model, "tokens": a.tokens, "reference": "llama_cpp.Llama on the same file", "files": {}}

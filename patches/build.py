@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 VERSION = "0.3.36"
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 # Only what river-edge uses: the shared libraries.  No mtmd, tools, tests, examples or server.
 CMAKE_ARGS = [
     "-DLLAVA_BUILD=OFF",
@@ -50,7 +50,7 @@ def series(extra_cmake: list[str] = ()) -> list[tuple[Path, str]]:
     to llama-cpp-python itself (applied at the sdist's root), else it patches the vendored llama.cpp; and
     `if=GGML_X` for a patch that only builds with that backend on (-DGGML_X=ON among the CMake flags)."""
     out = []
-    for line in (HERE / "series").read_text().splitlines():
+    for line in (_HERE / "series").read_text().splitlines():
         words = line.split("#", 1)[0].split()
         if not words:
             continue
@@ -58,7 +58,7 @@ def series(extra_cmake: list[str] = ()) -> list[tuple[Path, str]]:
         if cond and f"-D{cond[0]}=ON" not in extra_cmake:
             continue
         where = [w for w in words[1:] if not w.startswith("if=")]
-        out.append((HERE / words[0], where[0] if where else "vendor/llama.cpp"))
+        out.append((_HERE / words[0], where[0] if where else "vendor/llama.cpp"))
     return out
 
 
