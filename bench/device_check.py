@@ -52,7 +52,7 @@ LIMIT = 58 << 20   # of the call's 64 MiB, the rest for the working tree
 def _cuda_wheel(arch: str) -> Path | None:
     """The wheel `make build-cuda CUDA_ARCH=arch` cached for this series, if any."""
     extra = f"-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES={arch}".split()
-    found = sorted((B.cache_dir() / "wheels" / B.series_hash(extra + B.cuda_args(sys.executable, extra))).glob("*.whl"))
+    found = sorted((B.runtime_cache_dir() / "wheels" / B.series_hash(extra + B.cuda_args(sys.executable, extra))).glob("*.whl"))
     return found[0] if found else None
 
 
