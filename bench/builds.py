@@ -87,7 +87,7 @@ def predates(b: str | None, builds: dict) -> bool:
     return bool(b in builds and INVARIANT not in builds[b]["patches"])
 
 
-def load(out: Path = _RESULTS) -> dict:
+def load_builds(out: Path = _RESULTS) -> dict:
     p = out / BUILDS.name
     return json.loads(p.read_text())["builds"] if p.is_file() else {}
 
@@ -95,7 +95,7 @@ def load(out: Path = _RESULTS) -> dict:
 def main() -> int:
     wanted = recorded()
     # matches already made are kept: a shallow clone, or another image's compilers, cannot redo them
-    found = {b: s for b, s in load().items() if b in wanted}
+    found = {b: s for b, s in load_builds().items() if b in wanted}
     found.update(identify(wanted - set(found)))
     doc = {"how": "each build (host.runtime.build: patches/build.py's series hash) matched to the oldest commit of "
                   "patches/ that hashes to it on the machine that ran bench/builds.py; `patches` is that commit's series",

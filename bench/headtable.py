@@ -23,7 +23,7 @@ def _x(d: dict | None) -> str:
 
 def head_table(out: Path) -> list[str]:
     """The table's lines (none where no host has a head record)."""
-    builds, lines = B.load(out), []
+    builds, lines = B.load_builds(out), []
     for folder in (out, *other_hosts(out)):
         recs = [json.loads(p.read_text()) for m in MODELS for p in [folder / f"head_{m}.json"] if p.is_file()]
         if not recs:

@@ -78,7 +78,7 @@ class ModelDraft(LlamaDraftModel):
         return np.array(out, dtype=np.intc)
 
 
-def load(config: str, a) -> llama_cpp.Llama:
+def llama_for_config(config: str, a) -> llama_cpp.Llama:
     kw = dict(n_ctx=1024, n_threads=a.threads, n_threads_batch=a.threads, seed=0, verbose=False)
     if config == "exact":
         from river_edge.runtime.llama import RiverLlama
@@ -102,7 +102,7 @@ def gen(llm, prompt: list[int], n: int) -> tuple[list[int], float]:
 
 
 def probe(config: str, a) -> None:
-    llm = load(config, a)
+    llm = llama_for_config(config, a)
     p = llm.tokenize(PROMPTS[0].encode())
     gen(llm, p, 32)
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -118,7 +118,7 @@ def text_pass(a) -> dict:
     texts = (PROMPTS + packaged_prompts(a.text_prompts))[:a.text_prompts]
     outs = {}
     for c in configs:   # one model at a time: the 1.5B's configurations together would not fit small hosts
-        m = load(c, a)
+        m = llama_for_config(c, a)
         outs[c] = [gen(m, m.tokenize(t.encode()), a.tokens)[0] for t in texts]
         print(c, sum(o == b for o, b in zip(outs[c], outs["backbone"])), "/", len(texts), flush=True)
         m.close()
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         write_text(a.out / f"text_spec_compare_{a.name}.json", json.dumps(text_pass(a), indent=1) + "\n")
         return 0
     configs = a.configs.split(",")
-    models = {c: load(c, a) for c in configs}
+    models = {c: llama_for_config(c, a) for c in configs}
     prompts = [models["backbone"].tokenize(p.encode()) for p in PROMPTS]
     for c in configs:                                # warm-up: graphs, pages, the exact mode's cost model
         gen(models[c], prompts[0], 8)

@@ -10,7 +10,7 @@ import numpy as np
 from river_edge.gguf_tools.build import to_f32
 from river_edge.gguf_tools.reader import ggml_shape, n_dims, open_gguf
 
-from bench.recorded import QWEN, QWEN15, SMOL, load
+from bench.recorded import QWEN, QWEN15, SMOL, load_record
 
 F16_TINY = float(np.finfo(np.float16).tiny)   # below it F16 is subnormal: fewer bits than 2^-11 relative
 
@@ -42,7 +42,7 @@ def run(src: str | Path, progress=None) -> dict:
 
 def section(out: Path) -> list[str]:
     """The results page's paragraph on the upcast, from the upcast_*.json in `out`."""
-    got = [(m, u) for m in (SMOL, QWEN, QWEN15) if (u := load(out, f"upcast_{m}"))]
+    got = [(m, u) for m in (SMOL, QWEN, QWEN15) if (u := load_record(out, f"upcast_{m}"))]
     if not got:
         return []
     below = sum(d["below_normal"] for _, u in got for d in u["types"].values())
