@@ -15,7 +15,7 @@ from bench.recorded import machine, other_hosts
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
-_builds: dict = {}   # builds.json of the folder being reported (section() sets it)
+_builds: dict = {}   # builds.json of the folder being reported (results_section() sets it)
 
 
 def _built(m: dict | None) -> str:
@@ -386,14 +386,14 @@ def _spec_block(folder: Path, rel: str = "") -> list[str]:
     return _spec_compare(s, load_record(folder, f"text_spec_compare_{QWEN15}")) + [f"![spec_compare](bench/results/{rel}spec_compare_{QWEN15}.png)", ""]
 
 
-def report(out: Path, readme: Path | None, front: Path | None = None, extra=None) -> str:
+def results_report(out: Path, readme: Path | None, front: Path | None = None, extra=None) -> str:
     """The generated section of `readme` (docs/results.md) from the JSON in `out`, its plots beside the JSON, and
     the headline table of `front` (the README) when given; returns the section's text. `extra(folder)`: more lines
     for another host's folder (bench/steps.py passes the device check's, bench/device_bench.py)."""
     if readme is None:
-        return section(out, extra)
+        return results_section(out, extra)
     rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
-    text = section(out, extra, rel=rel)
+    text = results_section(out, extra, rel=rel)
     page, top = _fill(out, text, readme.read_text(), front.read_text() if front else None, readme)
     readme.write_text(page)
     if top is not None:
@@ -405,7 +405,7 @@ def pages(out: Path, page: str, front: str | None, rel: str, extra=None) -> tupl
     """The texts of docs/results.md (`page`) and the README (`front`) with their generated blocks rewritten from the
     JSON in `out`, no plot drawn and nothing written (tests/test_results.py holds the committed pages to these);
     rel: `out` from the page's folder, for the plots' links."""
-    return _fill(out, section(out, extra, _NoPlots(), rel), page, front, "results page")
+    return _fill(out, results_section(out, extra, _NoPlots(), rel), page, front, "results page")
 
 
 def _fill(out: Path, text: str, page: str, front: str | None, name) -> tuple[str, str | None]:
@@ -431,7 +431,7 @@ class _NoPlots:
         return lambda *a, **k: None
 
 
-def section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
+def results_section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
     """The generated section from the JSON in `out`, its plots drawn by `fig` (measure/plots) beside the JSON;
     rel: the plots' link prefix (None: bench/results/, as from the repository's root)."""
     global _builds
@@ -442,7 +442,7 @@ def section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
              f"{_plain_note(out)} Regenerate with "
              f"`make results` (all measurements, resumable; the {_steps_hours(out)} or `.venv/bin/python -m bench.steps report` (this "
              "text and the plots, from `bench/results/*.json`).", ""]
-    lines += upcast.section(out) + _headline(out)
+    lines += upcast.upcast_section(out) + _headline(out)
     for model in (SMOL, QWEN):
         modes = load_modes(out, model)
         q = load_record(out, f"quality_{model}")
