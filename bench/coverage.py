@@ -58,7 +58,7 @@ def coverage(ranking: np.ndarray, prompts: list[list[int]], answers: list[list[i
     return out
 
 
-def run_model(name: str, n_tokens: int, threads: int) -> dict:
+def measure_coverage(name: str, n_tokens: int, threads: int) -> dict:
     path = str(zoo.prepare(name))
     llm = RiverLlama(path, n_ctx=2048, seed=0, n_threads=threads, n_threads_batch=threads)
     ranking = load_or_build(llm)
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     for name in a.models:
-        res = run_model(name, a.tokens, a.threads)
+        res = measure_coverage(name, a.tokens, a.threads)
         folder = host_folder(_HERE / "results", res["host"])
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"coverage_{name}.json").write_text(json.dumps(res, indent=1) + "\n")

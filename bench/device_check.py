@@ -38,7 +38,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(_ROOT / "patches"))
 import build as B   # noqa: E402  (patches/build.py: the series, its flags, the CUDA libraries)
 BUNDLE = _ROOT / ".device"
-MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+CHECKED_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 # llama.cpp's folders the build never reads (-DLLAMA_BUILD_TOOLS=OFF etc.) and the backends it does not build
 TRIM = ("models", "docs", "tools", "benches", "examples", "scripts", "conversion", "tests", "media", "gguf-py",
         *(f"ggml/src/ggml-{b}" for b in ("sycl", "hexagon", "opencl", "et", "metal", "vulkan", "cann", "musa",
@@ -62,7 +62,7 @@ def _shapes() -> dict:
     from river_edge.gguf_tools.reader import open_gguf, value
 
     out = {}
-    for name in MODELS:
+    for name in CHECKED_MODELS:
         r = open_gguf(zoo.prepare(name))
         arch = value(r, "general.architecture")
         get = lambda k: value(r, f"{arch}.{k}")   # noqa: E731
@@ -131,7 +131,7 @@ def cuda_lib_dirs() -> list[str]:
     return list(dict.fromkeys(dirs + ([str(p.parent) for p in sorted(nv.glob("*/lib/libcu*.so*"))] if nv else [])))
 
 
-def probe() -> dict:
+def probe_machine() -> dict:
     smi = shutil.which("nvidia-smi")
     gpu = sh("nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader") if smi else ""
     where = [*cuda_lib_dirs(), "/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu"]   # the driver's: the last two
@@ -142,7 +142,7 @@ def probe() -> dict:
             "cpu": sh("lscpu | grep -m1 'Model name'").split(":")[-1].strip(), "cores": os.cpu_count()}
 
 
-def runtime(log, cap: str | None) -> dict:
+def install_runtime(log, cap: str | None) -> dict:
     """The patched llama-cpp-python and this project into .device/site: the carried wheel, or built here."""
     site = BUNDLE / "site"
     site.mkdir(exist_ok=True)
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     b.add_argument("--cuda-arch", default="90", help="the CUDA_ARCH of `make build-cuda` whose cached wheel to carry")
     r = sub.add_parser("run", help="there: the check, into --out")
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "device-check")))
-    r.add_argument("--models", default=",".join(MODELS))
+    r.add_argument("--models", default=",".join(CHECKED_MODELS))
     r.add_argument("--threads", default="8,16", help="CPU thread counts for the CPU's modes benchmark")
     r.add_argument("--budget", type=float, default=450, help="seconds; stages that would not fit are skipped")
     r.add_argument("--tokens", type=int, default=48)
@@ -205,11 +205,11 @@ def main(argv=None) -> int:
     if Path("/usr/local/cuda/bin/nvcc").exists():   # the toolkit, where images put it, if not on PATH
         os.environ["PATH"] += os.pathsep + "/usr/local/cuda/bin"
     t0 = time.monotonic()
-    res = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "probe": probe()}
+    res = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "probe": probe_machine()}
     cap = (res["probe"]["gpu"] or "").split(",")[-1].strip().replace(".", "") or None
     with open(args.out / "device_check.log", "a") as log:
         try:
-            res["runtime"] = runtime(log, cap)
+            res["runtime"] = install_runtime(log, cap)
         except (subprocess.CalledProcessError, OSError) as e:
             res["runtime"] = {"error": str(e)}
             (args.out / "device_check.json").write_text(json.dumps(res, indent=1))

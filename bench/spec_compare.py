@@ -49,7 +49,7 @@ PROMPTS = [
     "import numpy as np\n\ndef softmax(x):\n",
 ]
 
-CONFIGS = ("backbone", "exact", "prompt-lookup:2", "prompt-lookup:4", "prompt-lookup:10", "draft-model")
+SPEC_CONFIGS = ("backbone", "exact", "prompt-lookup:2", "prompt-lookup:4", "prompt-lookup:10", "draft-model")
 
 
 class ModelDraft(LlamaDraftModel):
@@ -101,7 +101,7 @@ def gen(llm, prompt: list[int], n: int) -> tuple[list[int], float]:
     return out, tok_s
 
 
-def probe(config: str, a) -> None:
+def probe_peak_memory(config: str, a) -> None:
     llm = llama_for_config(config, a)
     p = llm.tokenize(PROMPTS[0].encode())
     gen(llm, p, 32)
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(SPEC_CONFIGS))
     ap.add_argument("--text-prompts", type=int, help="the same-text pass over N distinct prompts instead (untimed)")
     ap.add_argument("--parting", type=Path, help="a text_spec_compare JSON: where exact parts from the stock "
                     "backbone there, which side moved (parting_<name>.json beside it; run under that JSON's CPU variant)")
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
         if not Path(a.backbone).is_file():
             plain(a.river, a.backbone, "backbone")
     if a.probe:
-        probe(a.probe, a)
+        probe_peak_memory(a.probe, a)
         return 0
     if a.parting:
         write_text(a.parting.with_name(f"parting_{a.name}.json"),

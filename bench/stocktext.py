@@ -32,7 +32,7 @@ PLAIN_DRAFTERS = ("ngram", "ngram-cache", "head")     # need no river
 RIVER_DRAFTERS = ("river", "river+ngram")             # need the river GGUF
 
 
-def configs(path: str, river: bool, kw: dict):
+def mode_factories(path: str, river: bool, kw: dict):
     """(name, factory) of every mode the file supports; `name@k4`: drafting four tokens every cycle."""
     yield "backbone", lambda: RiverLlama(path, mode="backbone", **kw)
     for d in PLAIN_DRAFTERS + (RIVER_DRAFTERS if river else ()):
@@ -51,7 +51,7 @@ def check_file(path: str, river: bool, n: int, threads: int, only=None) -> dict:
     ref = {w: [answer(stock, p, n) for p in ps] for w, ps in work.items()}
     del stock
     res = {}
-    for name, make in configs(path, river, kw):
+    for name, make in mode_factories(path, river, kw):
         if only and name not in only:
             continue
         t0 = time.perf_counter()
