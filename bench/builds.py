@@ -15,10 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-BUILDS = RESULTS / "builds.json"
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent
+_RESULTS = _HERE / "results"
+BUILDS = _RESULTS / "builds.json"
 INVARIANT = "0013-batch-invariant-cpu.patch"   # the patch the older speed tables predate
 FLAGS = ([], ["-DGGML_VULKAN=ON"])   # the runtimes these records were measured with: CPU, Vulkan's (and ARM's)
 
@@ -30,7 +30,7 @@ def build_of(m: dict) -> str | None:
     return (h.get("runtime") or {}).get("build") or (m["build"] if isinstance(m.get("build"), str) else None)
 
 
-def recorded(out: Path = RESULTS) -> set[str]:
+def recorded(out: Path = _RESULTS) -> set[str]:
     """Every build named by a JSON under `out`."""
     got = set()
     for p in out.rglob("*.json"):
@@ -40,7 +40,7 @@ def recorded(out: Path = RESULTS) -> set[str]:
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout
+    return subprocess.run(["git", "-C", str(_ROOT), *args], check=True, capture_output=True, text=True).stdout
 
 
 def _hashes_at(commit: str) -> dict[str, list[str]]:
@@ -51,7 +51,7 @@ def _hashes_at(commit: str) -> dict[str, list[str]]:
             "    import cross; got[cross.tag()] = ['cross: ' + cross.TRIPLE]\n"
             "print(json.dumps(got))")
     with tempfile.TemporaryDirectory() as tmp:
-        tar = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "patches"], check=True, capture_output=True)
+        tar = subprocess.run(["git", "-C", str(_ROOT), "archive", commit, "patches"], check=True, capture_output=True)
         subprocess.run(["tar", "-x", "-C", tmp], input=tar.stdout, check=True)
         r = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True, text=True)
     return json.loads(r.stdout) if r.returncode == 0 else {}
@@ -87,7 +87,7 @@ def predates(b: str | None, builds: dict) -> bool:
     return bool(b in builds and INVARIANT not in builds[b]["patches"])
 
 
-def load(out: Path = RESULTS) -> dict:
+def load_builds(out: Path = _RESULTS) -> dict:
     p = out / BUILDS.name
     return json.loads(p.read_text())["builds"] if p.is_file() else {}
 
@@ -95,7 +95,7 @@ def load(out: Path = RESULTS) -> dict:
 def main() -> int:
     wanted = recorded()
     # matches already made are kept: a shallow clone, or another image's compilers, cannot redo them
-    found = {b: s for b, s in load().items() if b in wanted}
+    found = {b: s for b, s in load_builds().items() if b in wanted}
     found.update(identify(wanted - set(found)))
     doc = {"how": "each build (host.runtime.build: patches/build.py's series hash) matched to the oldest commit of "
                   "patches/ that hashes to it on the machine that ran bench/builds.py; `patches` is that commit's series",

@@ -24,7 +24,7 @@ from river_edge.runtime.headdraft import MISSES
 from river_edge.runtime.headrank import chat_tokens, load_or_build
 from river_edge.runtime.llama import RiverLlama
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 
 
 def answer(llm, prompt: list[int], n: int) -> list[int]:
@@ -58,7 +58,7 @@ def coverage(ranking: np.ndarray, prompts: list[list[int]], answers: list[list[i
     return out
 
 
-def run_model(name: str, n_tokens: int, threads: int) -> dict:
+def measure_coverage(name: str, n_tokens: int, threads: int) -> dict:
     path = str(zoo.prepare(name))
     llm = RiverLlama(path, n_ctx=2048, seed=0, n_threads=threads, n_threads_batch=threads)
     ranking = load_or_build(llm)
@@ -82,8 +82,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     for name in a.models:
-        res = run_model(name, a.tokens, a.threads)
-        folder = host_folder(HERE / "results", res["host"])
+        res = measure_coverage(name, a.tokens, a.threads)
+        folder = host_folder(_HERE / "results", res["host"])
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"coverage_{name}.json").write_text(json.dumps(res, indent=1) + "\n")
         print(json.dumps({k: res[k] for k in ("model", "chat", "edit")}))

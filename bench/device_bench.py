@@ -110,12 +110,12 @@ def projection(cost: dict | None, acceptance: float | None) -> dict:
     return {"acceptance": acceptance, "k": k, "ratio": tok_s * cost["verify_ms_used"][0] / 1e3}
 
 
-def section(folder: Path) -> list[str]:
+def device_section(folder: Path) -> list[str]:
     """The device check's JSON (bench/device_check.py): each model at its shape, on the GPU and the CPU."""
-    from bench.recorded import load
+    from bench.recorded import load_record
     from bench.report import _modes
 
-    if not (d := load(folder, "device_check")):
+    if not (d := load_record(folder, "device_check")):
         return []
     p, t = d["probe"], d.get("tests") or {}
     out = [f"Device check: {p.get('gpu') or 'no GPU'}; {p.get('cpu')}, {p.get('cores')} cores; runtime "

@@ -34,11 +34,11 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "patches"))
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(_ROOT / "patches"))
 import build as B   # noqa: E402  (patches/build.py: the series, its flags, the CUDA libraries)
-BUNDLE = ROOT / ".device"
-MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+BUNDLE = _ROOT / ".device"
+CHECKED_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 # llama.cpp's folders the build never reads (-DLLAMA_BUILD_TOOLS=OFF etc.) and the backends it does not build
 TRIM = ("models", "docs", "tools", "benches", "examples", "scripts", "conversion", "tests", "media", "gguf-py",
         *(f"ggml/src/ggml-{b}" for b in ("sycl", "hexagon", "opencl", "et", "metal", "vulkan", "cann", "musa",
@@ -52,7 +52,7 @@ LIMIT = 58 << 20   # of the call's 64 MiB, the rest for the working tree
 def _cuda_wheel(arch: str) -> Path | None:
     """The wheel `make build-cuda CUDA_ARCH=arch` cached for this series, if any."""
     extra = f"-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES={arch}".split()
-    found = sorted((B.cache_dir() / "wheels" / B.series_hash(extra + B.cuda_args(sys.executable, extra))).glob("*.whl"))
+    found = sorted((B.runtime_cache_dir() / "wheels" / B.series_hash(extra + B.cuda_args(sys.executable, extra))).glob("*.whl"))
     return found[0] if found else None
 
 
@@ -62,7 +62,7 @@ def _shapes() -> dict:
     from river_edge.gguf_tools.reader import open_gguf, value
 
     out = {}
-    for name in MODELS:
+    for name in CHECKED_MODELS:
         r = open_gguf(zoo.prepare(name))
         arch = value(r, "general.architecture")
         get = lambda k: value(r, f"{arch}.{k}")   # noqa: E731
@@ -76,7 +76,7 @@ def _shapes() -> dict:
 
 def _cpu_figures(model: str) -> dict:
     """Acceptance (exact) and mean exit depth (the rule) this repository measured on the real weights."""
-    p = ROOT / "bench" / "results" / f"modes_{model}.json"
+    p = _ROOT / "bench" / "results" / f"modes_{model}.json"
     if not p.is_file():
         return {}
     d = json.loads(p.read_text())
@@ -131,7 +131,7 @@ def cuda_lib_dirs() -> list[str]:
     return list(dict.fromkeys(dirs + ([str(p.parent) for p in sorted(nv.glob("*/lib/libcu*.so*"))] if nv else [])))
 
 
-def probe() -> dict:
+def probe_machine() -> dict:
     smi = shutil.which("nvidia-smi")
     gpu = sh("nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader") if smi else ""
     where = [*cuda_lib_dirs(), "/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu"]   # the driver's: the last two
@@ -142,7 +142,7 @@ def probe() -> dict:
             "cpu": sh("lscpu | grep -m1 'Model name'").split(":")[-1].strip(), "cores": os.cpu_count()}
 
 
-def runtime(log, cap: str | None) -> dict:
+def install_runtime(log, cap: str | None) -> dict:
     """The patched llama-cpp-python and this project into .device/site: the carried wheel, or built here."""
     site = BUNDLE / "site"
     site.mkdir(exist_ok=True)
@@ -164,7 +164,7 @@ def runtime(log, cap: str | None) -> dict:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                         str(BUNDLE / "build" / "wheel"), str(src)], env=env, check=True, stdout=log, stderr=log)
         wheels += [str(p) for p in (BUNDLE / "build" / "wheel").glob("*.whl")]
-    subprocess.run(pip + wheels + [str(ROOT)], check=True, stdout=log, stderr=log)
+    subprocess.run(pip + wheels + [str(_ROOT)], check=True, stdout=log, stderr=log)
     return {"how": how, "seconds": round(time.monotonic() - t0, 1), "cuda_arch": cap}
 
 
@@ -182,7 +182,7 @@ def tests(log, out: Path) -> dict:
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_device.py",
                         "-k", "not smollm2", f"--junitxml={out / 'device_tests.xml'}"],
-                       cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+                       cwd=_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     return {"returncode": r.returncode, "seconds": round(time.monotonic() - t0, 1)}
 
 
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     b.add_argument("--cuda-arch", default="90", help="the CUDA_ARCH of `make build-cuda` whose cached wheel to carry")
     r = sub.add_parser("run", help="there: the check, into --out")
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "device-check")))
-    r.add_argument("--models", default=",".join(MODELS))
+    r.add_argument("--models", default=",".join(CHECKED_MODELS))
     r.add_argument("--threads", default="8,16", help="CPU thread counts for the CPU's modes benchmark")
     r.add_argument("--budget", type=float, default=450, help="seconds; stages that would not fit are skipped")
     r.add_argument("--tokens", type=int, default=48)
@@ -205,11 +205,11 @@ def main(argv=None) -> int:
     if Path("/usr/local/cuda/bin/nvcc").exists():   # the toolkit, where images put it, if not on PATH
         os.environ["PATH"] += os.pathsep + "/usr/local/cuda/bin"
     t0 = time.monotonic()
-    res = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "probe": probe()}
+    res = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "probe": probe_machine()}
     cap = (res["probe"]["gpu"] or "").split(",")[-1].strip().replace(".", "") or None
     with open(args.out / "device_check.log", "a") as log:
         try:
-            res["runtime"] = runtime(log, cap)
+            res["runtime"] = install_runtime(log, cap)
         except (subprocess.CalledProcessError, OSError) as e:
             res["runtime"] = {"error": str(e)}
             (args.out / "device_check.json").write_text(json.dumps(res, indent=1))
@@ -224,9 +224,9 @@ def main(argv=None) -> int:
         # the benchmarks import the installed runtime: a child with the site on its path
         # the tree's root after the site, for bench.* (its river_edge/ lacks the installed subpackages: the site's
         # comes first); run as a file, not -m, which would put the working directory's river_edge/ first
-        env = dict(child_env(), PYTHONPATH=f"{BUNDLE / 'site'}{os.pathsep}{ROOT}")
+        env = dict(child_env(), PYTHONPATH=f"{BUNDLE / 'site'}{os.pathsep}{_ROOT}")
         left = args.budget - (time.monotonic() - t0)
-        r = subprocess.run([sys.executable, str(ROOT / "bench" / "device_bench.py"), "--out", str(args.out),
+        r = subprocess.run([sys.executable, str(_ROOT / "bench" / "device_bench.py"), "--out", str(args.out),
                             "--models", args.models, "--threads", args.threads, "--budget", str(left),
                             "--tokens", str(args.tokens), "--shapes", str(BUNDLE / "shapes.json"),
                             *(["--gpu"] if cap else [])], env=env, stdout=log, stderr=subprocess.STDOUT)

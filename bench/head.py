@@ -33,7 +33,7 @@ from bench.recorded import host_folder
 from river_edge.runtime.headrank import chat_tokens
 from river_edge.runtime.llama import RiverLlama
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 CHAT = [
     "Write a short poem about the sea.", "Explain what a Python list comprehension is.",
     "What is the capital of France? Answer in one sentence.", "Give three tips for writing clean code.",
@@ -46,7 +46,7 @@ CHAT = [
 ]
 EDIT = ("Rewrite the following Python function with type hints and a docstring. Keep its behaviour.\n\n"
         "```python\n{code}```")
-CONFIGS = ("shipped", "exact:head", "exact:ngram")
+HEAD_CONFIGS = ("shipped", "exact:head", "exact:ngram")
 
 
 def edit_prompts(n: int = 16) -> list[str]:
@@ -92,7 +92,7 @@ def drafted_share(texts: list[list]) -> float:
     return sum(t.draft is not None for t in toks) / max(len(toks), 1)
 
 
-def run_model(name: str, rounds: int, n_tokens: int, threads: int) -> dict:
+def measure_head(name: str, rounds: int, n_tokens: int, threads: int) -> dict:
     path = str(zoo.prepare(name))
     kw = dict(n_ctx=2048, seed=0, n_threads=threads, n_threads_batch=threads)
     stock = llama_cpp.Llama(path, verbose=False, **kw)
@@ -102,21 +102,21 @@ def run_model(name: str, rounds: int, n_tokens: int, threads: int) -> dict:
     timed_greedy(head, chat_tokens(head, CHAT[0]), 8)   # the ranking (built once per file) and warm-up
     curve = head_curve(head)
     out = {"model": name, "head_cost": curve, "file": Path(path).name, "host": host(threads), "n_tokens": n_tokens, "rounds": rounds,
-           "configs": list(CONFIGS), "note": "exact mode over the shipped file itself: no upcast, no river"}
+           "configs": list(HEAD_CONFIGS), "note": "exact mode over the shipped file itself: no upcast, no river"}
     for work, texts in (("chat", CHAT), ("edit", edit_prompts())):
         prompts = [chat_tokens(head, t) for t in texts]
-        rows = alternate(CONFIGS, list(range(len(prompts))),
+        rows = alternate(HEAD_CONFIGS, list(range(len(prompts))),
                          lambda c, i: timed_greedy(llms[c], prompts[i], n_tokens), rounds=rounds,
                          say=lambda what, d, t: print(f"\r{name} {work} {what}: {d}/{t}", end="", file=sys.stderr))
         print(file=sys.stderr)
-        tps = [{c: r["results"][c][1] for c in CONFIGS} for r in rows]
+        tps = [{c: r["results"][c][1] for c in HEAD_CONFIGS} for r in rows]
         same = {c: sum(r["results"][c][0] == r["results"]["shipped"][0] for r in rows if r["round"] == 0)
-                for c in CONFIGS if c != "shipped"}
-        res = {"prompts": len(prompts), "tok_s_median": {c: float(np.median([t[c] for t in tps])) for c in CONFIGS},
+                for c in HEAD_CONFIGS if c != "shipped"}
+        res = {"prompts": len(prompts), "tok_s_median": {c: float(np.median([t[c] for t in tps])) for c in HEAD_CONFIGS},
                "same_text_as_shipped": same,
                # the share of emitted tokens that were drafts that stood (each Token's `draft`)
-               "drafted_share": {c: drafted_share([r["results"][c][0] for r in rows]) for c in CONFIGS[1:]}}
-        for c in CONFIGS[1:]:
+               "drafted_share": {c: drafted_share([r["results"][c][0] for r in rows]) for c in HEAD_CONFIGS[1:]}}
+        for c in HEAD_CONFIGS[1:]:
             _, m, ci = paired(tps, c, ref="shipped")
             res[f"{c}_x_shipped"] = {"median": m, "ci95": ci}
         res["head_stats"] = head.stats().get("head")
@@ -134,8 +134,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     for name in a.models:
-        res = run_model(name, a.rounds, a.tokens, a.threads)
-        folder = host_folder(HERE / "results", res["host"])
+        res = measure_head(name, a.rounds, a.tokens, a.threads)
+        folder = host_folder(_HERE / "results", res["host"])
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"head_{name}.json").write_text(json.dumps(res, indent=1) + "\n")
         print(json.dumps({k: res[k] for k in ("model", "chat", "edit")}, indent=1))

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import builds as B
-from bench.recorded import GEMMA, PLAIN_CONFIGS, QWEN, QWEN15, SMOL, dash, host_line, load, load_modes
+from bench.recorded import GEMMA, PLAIN_CONFIGS, QWEN, QWEN15, SMOL, dash, host_line, load_modes, load_record
 from bench.recorded import other_hosts
 
 
@@ -33,7 +33,7 @@ def headline(out: Path) -> list[str]:
     table per host (ratios move a lot between hosts)."""
     by_host: dict[str, list[str]] = {}
     used: dict[str, dict[str | None, dict[str, list[str]]]] = {}   # host -> build -> timed/same text -> tables
-    known = B.load(out)
+    known = B.load_builds(out)
     passes: set[int | None] = set()   # prompts of each table's same-text pass (None: the timed runs')
     for folder, (key, label, backbone) in ((f, k) for f in (out, *other_hosts(out)) for k in HEADLINE_MODELS):
         m = load_modes(folder, key)
@@ -64,7 +64,7 @@ def headline(out: Path) -> list[str]:
                         f"{mib:.0f} | {dash(mem, '{:.0f}')} | {_short(timed)} / {_short(text)} |")
     if not by_host:
         return []
-    ups = [u for m in (SMOL, QWEN, QWEN15) if (u := load(out, f"upcast_{m}"))]
+    ups = [u for m in (SMOL, QWEN, QWEN15) if (u := load_record(out, f"upcast_{m}"))]
     moved = (f" ({min(u['moved_share'] for u in ups):.0%}-{max(u['moved_share'] for u in ups):.0%} of them move, "
              f"each by at most {max(u['max_rel'] for u in ups):.2g} of its value where F16 is normal; "
              "docs/results.md)") if ups else ""

@@ -25,7 +25,7 @@ from river_edge.measure.bench import DEFAULT_THREADS
 from river_edge.measure.files import packaged_prompts
 from river_edge.host import host
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 
 
 def river_path(model: str) -> Path:
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ab-rounds", type=int, default=6)
     ap.add_argument("--types", default="q2_k,q3_k_m,q4_0,q4_k_m,q8_0")
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS)
-    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--out", type=Path, default=_HERE / "results")
     a = ap.parse_args(argv)
     path = river_path(a.model)
     types = [t.strip() for t in a.types.split(",") if t.strip()]

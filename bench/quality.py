@@ -106,7 +106,7 @@ def _entropy(logits: np.ndarray) -> float:
     return float(-(np.exp(lp) * lp).sum())
 
 
-def run(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_texts: int = 8, max_tokens: int = 128,
+def measure_quality(river_path: str | Path, configs: Sequence[str] = DEFAULT_CONFIGS, *, n_texts: int = 8, max_tokens: int = 128,
         threads: int = 2, taus: Sequence[float] | None = None, seed: int = 0, data=None,
         progress: Progress | None = None) -> dict:
     """Teacher-forced metrics of each configuration against the backbone on held-out texts.
@@ -335,7 +335,7 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def write(res: dict, out_dir: str | Path, stem: str) -> Path:
+def write_quality_json(res: dict, out_dir: str | Path, stem: str) -> Path:
     from river_edge.gguf_tools.writer import write_text
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ def host_folder(out: Path, here: dict) -> Path:
             return out / "hosts" / n
     raise RiverError(f"{out / 'hosts'}: no free folder name for this machine's results")
 
-def load(out: Path, name: str) -> dict | None:
+def load_record(out: Path, name: str) -> dict | None:
     p = out / f"{name}.json"
     return json.loads(p.read_text()) if p.is_file() else None
 
@@ -60,8 +60,8 @@ def load_modes(out: Path, key: str) -> dict | None:
     """modes_<key>.json, its same-text counts taken from text_<key>.json where that pass was made: every
     configuration once over 16 or more distinct prompts (bench/results.py's text steps), where the timed rounds
     repeat 4 prompts. m["same_text"] then says where and how those counts were made."""
-    m = load(out, f"modes_{key}")
-    t = load(out, f"text_{key}") if m else None
+    m = load_record(out, f"modes_{key}")
+    t = load_record(out, f"text_{key}") if m else None
     if not t:
         return m
     missing = set(m["configs"]) - set(t["configs"])

@@ -17,11 +17,11 @@ import numpy as np
 
 from river_edge.runtime.costs import CostModel
 
-Cycle = tuple[Sequence[float], int, int]   # (top-1 probability of each draft, drafts judged, drafts accepted)
+LoggedCycle = tuple[Sequence[float], int, int]   # (top-1 probability of each draft, drafts judged, drafts accepted)
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0001)
 
 
-def judged(log: Sequence[Cycle]) -> tuple[np.ndarray, np.ndarray]:
+def judged(log: Sequence[LoggedCycle]) -> tuple[np.ndarray, np.ndarray]:
     """(confidence, accepted) of every draft the backbone judged on its own: those up to the first rejection."""
     p, a = [], []
     for conf, n_judged, n_acc in log:
@@ -33,7 +33,7 @@ def judged(log: Sequence[Cycle]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(p), np.array(a, dtype=bool)
 
 
-def by_confidence(log: Sequence[Cycle], edges: Sequence[float] = EDGES) -> list[dict]:
+def by_confidence(log: Sequence[LoggedCycle], edges: Sequence[float] = EDGES) -> list[dict]:
     p, a = judged(log)
     out = []
     for lo, hi in zip(edges[:-1], edges[1:]):
@@ -52,7 +52,7 @@ def _tokens_ms(log, draft_ms, verify_ms, k_of, rescue=False) -> tuple[float, flo
     return tokens, ms
 
 
-def replay(log: Sequence[Cycle], draft_ms: float, verify_ms: Sequence[float], k_of: Callable[[Sequence[float]], int],
+def replay(log: Sequence[LoggedCycle], draft_ms: float, verify_ms: Sequence[float], k_of: Callable[[Sequence[float]], int],
            rescue: bool = False) -> float:
     """Tokens per second of the logged cycles drafting k_of(confidences) each (verify_ms[n - 1]: n rows).
     rescue: every draft accepted (the ceiling of a tree that always holds the backbone's token)."""
@@ -60,7 +60,7 @@ def replay(log: Sequence[Cycle], draft_ms: float, verify_ms: Sequence[float], k_
     return 1e3 * tokens / ms
 
 
-def per_request(logs: Sequence[Sequence[Cycle]], draft_ms: float, verify_ms: Sequence[float]) -> float:
+def per_request(logs: Sequence[Sequence[LoggedCycle]], draft_ms: float, verify_ms: Sequence[float]) -> float:
     """Tokens per second with each request's own best fixed k, chosen knowing its whole log: the ceiling of
     choosing k per request."""
     tokens = ms = 0.0
@@ -88,7 +88,7 @@ def iid_rate(a: float, draft_ms: float, verify_ms: Sequence[float]) -> tuple[flo
     return cm.rate(k, a), k
 
 
-def policies(logs: Sequence[Sequence[Cycle]], draft_ms: float, verify_ms: Sequence[float],
+def policies(logs: Sequence[Sequence[LoggedCycle]], draft_ms: float, verify_ms: Sequence[float],
              taus: Sequence[float] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)) -> dict:
     """Every policy replayed over the cycles of all requests (logs: one per request)."""
     log = [c for lg in logs for c in lg]

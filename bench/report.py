@@ -9,13 +9,13 @@ from pathlib import Path
 from bench import builds as B, figures as P, upcast, vcost
 from bench.headline import HEADLINE, headline, paired_ratio
 from bench.headtable import HEAD, head_table
-from bench.recorded import (GEMMA, QWEN, QWEN15, SMOL, cpu_words, dash, host_line, load, load_modes, same_text_note,
+from bench.recorded import (GEMMA, QWEN, QWEN15, SMOL, cpu_words, dash, host_line, load_modes, load_record, same_text_note,
                             where)
 from bench.recorded import machine, other_hosts
 
 FULL = {"gsm8k": 300, "math": 100, "humaneval": 80}   # accuracy tasks and their full problem counts
 EVAL_CONFIGS = ["backbone", "river", "exact", "gated", "fast", "q8_0", "q4_0"]
-_builds: dict = {}   # builds.json of the folder being reported (section() sets it)
+_builds: dict = {}   # builds.json of the folder being reported (results_section() sets it)
 
 
 def _built(m: dict | None) -> str:
@@ -309,7 +309,7 @@ def _headline(out: Path) -> list[str]:
                      f"{e['runs']} runs ({_cpu(m)}" + (f"; the same-text pass {B.words(st['build'], _builds)}" if (st := m.get("same_text"))
                                                       else "") + ").")
     for model in (SMOL, QWEN):
-        q = load(out, f"quality_{model}")
+        q = load_record(out, f"quality_{model}")
         if not q:
             continue
         c = q["configs"]
@@ -322,7 +322,7 @@ def _headline(out: Path) -> list[str]:
             h.append(f"- The paper's rule, {model}: KL {c['river']['kl']:.3f} at {c['river']['mean_depth']:.1f} of "
                      f"{q['n_layer']} layers ({c['river']['speed_ratio']:.2f}x), random exits at the same depths {c['random']['kl']:.3f}; plain Q8_0 "
                      f"{c['q8_0']['kl']:.4f} at {c['q8_0']['speed_ratio']:.2f}x ({_cpu(q)})." if "q8_0" in c else "")
-    evals = {t: e for t in FULL if (e := load(out, f"eval_{QWEN}_{t}"))}
+    evals = {t: e for t in FULL if (e := load_record(out, f"eval_{QWEN}_{t}"))}
     if evals:
         parts = []
         for t, e in evals.items():
@@ -353,7 +353,7 @@ def _plain_note(out: Path) -> str:
 
     older = []
     for p in sorted(out.glob("eval_*.json")) + sorted(out.glob("quality_*.json")):
-        d = load(out, p.stem)
+        d = load_record(out, p.stem)
         src = d.get("plain_source") or d.get("notes", {}).get("quant_source")
         plain = [c for c in d.get("configs", {}) if c.startswith("q") and c[1:2].isdigit()]
         if plain and src != PLAIN_SOURCE:
@@ -374,26 +374,26 @@ def _modes_block(folder: Path, key: str, rel: str = "", fig=P) -> list[str]:
 
 
 def _runtime_block(folder: Path, model: str, rel: str = "", fig=P) -> list[str]:
-    if not (r := load(folder, f"runtime_{model}")):
+    if not (r := load_record(folder, f"runtime_{model}")):
         return []
     fig.runtime(r, folder / f"runtime_{model}.png")
     return _runtime(r) + [f"![runtime](bench/results/{rel}runtime_{model}.png)", ""]
 
 
 def _spec_block(folder: Path, rel: str = "") -> list[str]:
-    if not (s := load(folder, f"spec_compare_{QWEN15}")):
+    if not (s := load_record(folder, f"spec_compare_{QWEN15}")):
         return []
-    return _spec_compare(s, load(folder, f"text_spec_compare_{QWEN15}")) + [f"![spec_compare](bench/results/{rel}spec_compare_{QWEN15}.png)", ""]
+    return _spec_compare(s, load_record(folder, f"text_spec_compare_{QWEN15}")) + [f"![spec_compare](bench/results/{rel}spec_compare_{QWEN15}.png)", ""]
 
 
-def report(out: Path, readme: Path | None, front: Path | None = None, extra=None) -> str:
+def results_report(out: Path, readme: Path | None, front: Path | None = None, extra=None) -> str:
     """The generated section of `readme` (docs/results.md) from the JSON in `out`, its plots beside the JSON, and
     the headline table of `front` (the README) when given; returns the section's text. `extra(folder)`: more lines
     for another host's folder (bench/steps.py passes the device check's, bench/device_bench.py)."""
     if readme is None:
-        return section(out, extra)
+        return results_section(out, extra)
     rel = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
-    text = section(out, extra, rel=rel)
+    text = results_section(out, extra, rel=rel)
     page, top = _fill(out, text, readme.read_text(), front.read_text() if front else None, readme)
     readme.write_text(page)
     if top is not None:
@@ -405,7 +405,7 @@ def pages(out: Path, page: str, front: str | None, rel: str, extra=None) -> tupl
     """The texts of docs/results.md (`page`) and the README (`front`) with their generated blocks rewritten from the
     JSON in `out`, no plot drawn and nothing written (tests/test_results.py holds the committed pages to these);
     rel: `out` from the page's folder, for the plots' links."""
-    return _fill(out, section(out, extra, _NoPlots(), rel), page, front, "results page")
+    return _fill(out, results_section(out, extra, _NoPlots(), rel), page, front, "results page")
 
 
 def _fill(out: Path, text: str, page: str, front: str | None, name) -> tuple[str, str | None]:
@@ -419,7 +419,7 @@ def _fill(out: Path, text: str, page: str, front: str | None, name) -> tuple[str
 
 def _steps_hours(out: Path) -> str:
     """How long the committed steps took, by their own records (bench/steps.py writes step_seconds)."""
-    d = [x for p in sorted(out.glob("*.json")) if isinstance(x := load(out, p.stem), dict)]
+    d = [x for p in sorted(out.glob("*.json")) if isinstance(x := load_record(out, p.stem), dict)]
     t = [x["step_seconds"] for x in d if "step_seconds" in x]
     return (f"{len(t)} steps committed here took {sum(t) / 3600:.1f} hours on 2 cores by their `step_seconds`, the "
             "accuracy runs at subsets: see their problem counts)")
@@ -431,22 +431,22 @@ class _NoPlots:
         return lambda *a, **k: None
 
 
-def section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
+def results_section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
     """The generated section from the JSON in `out`, its plots drawn by `fig` (measure/plots) beside the JSON;
     rel: the plots' link prefix (None: bench/results/, as from the repository's root)."""
     global _builds
-    _builds = B.load(out)
+    _builds = B.load_builds(out)
     lines = ["All figures: 2 threads on a shared 2-core x86 machine, greedy decoding. Weights: the offline models "
              "ship quantized (SmolLM2-135M-Instruct Q4_1, Qwen2.5-Coder-0.5B and 1.5B Q4_K_M); the backbone is their F16 "
              "upcast (their weights rounded to F16: below), the river Q4_0 re-quantized from it (with a Q4_0 copy of the LM head for all-river drafts), and "
              f"{_plain_note(out)} Regenerate with "
              f"`make results` (all measurements, resumable; the {_steps_hours(out)} or `.venv/bin/python -m bench.steps report` (this "
              "text and the plots, from `bench/results/*.json`).", ""]
-    lines += upcast.section(out) + _headline(out)
+    lines += upcast.upcast_section(out) + _headline(out)
     for model in (SMOL, QWEN):
         modes = load_modes(out, model)
-        q = load(out, f"quality_{model}")
-        if c := load(out, f"calibration_{model}"):
+        q = load_record(out, f"quality_{model}")
+        if c := load_record(out, f"calibration_{model}"):
             lines += _calibration(c, model)
         lines += _modes_block(out, model, fig=fig)
         if q:
@@ -456,17 +456,17 @@ def section(out: Path, extra=None, fig=P, rel: str | None = None) -> str:
             fig.depth_hist(q, out / f"depth_{model}.png")
             lines += ["Where plain quantization dominates a lossy river configuration (faster and closer to the "
                       "backbone on the same text), in plain words:", ""] + _dominance(q) + ["", "Why:", ""]
-            lines += _why(q, load(out, f"calibration_{model}"), modes, load(out, f"longrun_{model}"),
-                          load(out, f"runtime_{model}")) + [""]
+            lines += _why(q, load_record(out, f"calibration_{model}"), modes, load_record(out, f"longrun_{model}"),
+                          load_record(out, f"runtime_{model}")) + [""]
         lines += _runtime_block(out, model, fig=fig)
-        if lr := load(out, f"longrun_{model}"):
+        if lr := load_record(out, f"longrun_{model}"):
             lines += _long(lr, model) + [f"![longrun](bench/results/longrun_{model}.png)", ""]
     for key in (f"{QWEN}-q8_0", QWEN15, f"{QWEN15}-keep", f"{QWEN15}-q8_0"):
         lines += _modes_block(out, key, fig=fig)
-    if c := load(out, f"calibration_{GEMMA}"):
+    if c := load_record(out, f"calibration_{GEMMA}"):
         lines += _calibration(c, GEMMA)
     lines += _modes_block(out, GEMMA, fig=fig)
-    evals = {t: e for t in FULL if (e := load(out, f"eval_{QWEN}_{t}"))}
+    evals = {t: e for t in FULL if (e := load_record(out, f"eval_{QWEN}_{t}"))}
     if evals:
         lines += _eval(evals)
         fig.pareto_accuracy(evals, out / f"pareto_accuracy_{QWEN}.png")

@@ -40,7 +40,7 @@ from river_edge.measure.harness import rotation, timed_greedy
 from river_edge.measure.plots import save
 from bench.recorded import cpu_words
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 PROMPTS = [
     "def quicksort(arr):\n    \"\"\"Sort a list of integers in place.\"\"\"\n",
     "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -49,7 +49,7 @@ PROMPTS = [
     "import numpy as np\n\ndef softmax(x):\n",
 ]
 
-CONFIGS = ("backbone", "exact", "prompt-lookup:2", "prompt-lookup:4", "prompt-lookup:10", "draft-model")
+SPEC_CONFIGS = ("backbone", "exact", "prompt-lookup:2", "prompt-lookup:4", "prompt-lookup:10", "draft-model")
 
 
 class ModelDraft(LlamaDraftModel):
@@ -78,7 +78,7 @@ class ModelDraft(LlamaDraftModel):
         return np.array(out, dtype=np.intc)
 
 
-def load(config: str, a) -> llama_cpp.Llama:
+def llama_for_config(config: str, a) -> llama_cpp.Llama:
     kw = dict(n_ctx=1024, n_threads=a.threads, n_threads_batch=a.threads, seed=0, verbose=False)
     if config == "exact":
         from river_edge.runtime.llama import RiverLlama
@@ -101,8 +101,8 @@ def gen(llm, prompt: list[int], n: int) -> tuple[list[int], float]:
     return out, tok_s
 
 
-def probe(config: str, a) -> None:
-    llm = load(config, a)
+def probe_peak_memory(config: str, a) -> None:
+    llm = llama_for_config(config, a)
     p = llm.tokenize(PROMPTS[0].encode())
     gen(llm, p, 32)
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -118,7 +118,7 @@ def text_pass(a) -> dict:
     texts = (PROMPTS + packaged_prompts(a.text_prompts))[:a.text_prompts]
     outs = {}
     for c in configs:   # one model at a time: the 1.5B's configurations together would not fit small hosts
-        m = load(c, a)
+        m = llama_for_config(c, a)
         outs[c] = [gen(m, m.tokenize(t.encode()), a.tokens)[0] for t in texts]
         print(c, sum(o == b for o, b in zip(outs[c], outs["backbone"])), "/", len(texts), flush=True)
         m.close()
@@ -170,12 +170,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(SPEC_CONFIGS))
     ap.add_argument("--text-prompts", type=int, help="the same-text pass over N distinct prompts instead (untimed)")
     ap.add_argument("--parting", type=Path, help="a text_spec_compare JSON: where exact parts from the stock "
                     "backbone there, which side moved (parting_<name>.json beside it; run under that JSON's CPU variant)")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--out", type=Path, default=_HERE / "results")
     a = ap.parse_args(argv)
     if a.backbone is None:
         from river_edge.gguf_tools.convert import plain
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
         if not Path(a.backbone).is_file():
             plain(a.river, a.backbone, "backbone")
     if a.probe:
-        probe(a.probe, a)
+        probe_peak_memory(a.probe, a)
         return 0
     if a.parting:
         write_text(a.parting.with_name(f"parting_{a.name}.json"),
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         write_text(a.out / f"text_spec_compare_{a.name}.json", json.dumps(text_pass(a), indent=1) + "\n")
         return 0
     configs = a.configs.split(",")
-    models = {c: load(c, a) for c in configs}
+    models = {c: llama_for_config(c, a) for c in configs}
     prompts = [models["backbone"].tokenize(p.encode()) for p in PROMPTS]
     for c in configs:                                # warm-up: graphs, pages, the exact mode's cost model
         gen(models[c], prompts[0], 8)

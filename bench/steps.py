@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 
 from river_edge.gguf_tools.writer import write_text
-from bench.device_bench import section as device_section
+from bench.device_bench import device_section
 from bench.recorded import GEMMA, PLAIN_CONFIGS, QWEN, QWEN15, SMOL
-from bench.report import EVAL_CONFIGS, FULL, report
+from bench.report import EVAL_CONFIGS, FULL, results_report
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-CONFIGS = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,gated,river,fast,backbone," + PLAIN_CONFIGS
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent
+_RESULTS = _HERE / "results"
+MEASURED_MODES = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,gated,river,fast,backbone," + PLAIN_CONFIGS
 # the 1.5B: exact mode only (no thresholds needed), each drafter, over the F16 upcast and over the shipped file
 CONFIGS_15 = "exact,exact:ngram,exact:ngram-cache,exact:river+ngram,exact:draft,backbone," + PLAIN_CONFIGS
 # exact mode over quantized backbones, flash attention on for every configuration: with it a verification row has
@@ -74,7 +74,7 @@ def _exact_river(model: str, backbone: str = "f16") -> Path:
     return path
 
 
-def step_modes(out: Path, limit: int | None, model: str, modes: str = CONFIGS, backbone: str | None = None,
+def step_modes(out: Path, limit: int | None, model: str, modes: str = MEASURED_MODES, backbone: str | None = None,
                max_rounds: int | None = None, flash_attn: bool = False) -> dict:
     from river_edge.measure import modes as M
     kw = dict(tokens=12, rounds=1, max_rounds=1, n_prompts=1) if limit else \
@@ -87,7 +87,7 @@ def step_modes(out: Path, limit: int | None, model: str, modes: str = CONFIGS, b
 TEXT_PROMPTS = 16
 
 
-def step_text(out: Path, limit: int | None, model: str, modes: str = CONFIGS, backbone: str | None = None,
+def step_text(out: Path, limit: int | None, model: str, modes: str = MEASURED_MODES, backbone: str | None = None,
               max_rounds: int | None = None, flash_attn: bool = False) -> dict:
     """A modes step's configurations, each once over TEXT_PROMPTS distinct chat prompts (the timed runs' four
     among them), untimed: identical runs / runs for its table (records.load_modes)."""
@@ -103,7 +103,7 @@ def step_text(out: Path, limit: int | None, model: str, modes: str = CONFIGS, ba
 def step_upcast(out: Path, limit: int | None, model: str) -> dict:
     from river_edge import zoo
     from bench import upcast
-    return upcast.run(zoo.prepare(model), progress=_say)
+    return upcast.measure_upcast(zoo.prepare(model), progress=_say)
 
 
 def step_runtime(out: Path, limit: int | None, model: str) -> dict:
@@ -115,7 +115,7 @@ def step_runtime(out: Path, limit: int | None, model: str) -> dict:
 def step_quality(out: Path, limit: int | None, model: str) -> dict:
     from bench import quality as Q
     kw = dict(n_texts=2, max_tokens=24) if limit else dict(n_texts=8, max_tokens=160)
-    return Q.run(_river(model), list(Q.DEFAULT_CONFIGS) + ["taus", "gates"], progress=_say, **kw)
+    return Q.measure_quality(_river(model), list(Q.DEFAULT_CONFIGS) + ["taus", "gates"], progress=_say, **kw)
 
 
 EVAL_LIMIT: int | None = None   # --eval-limit: fewer problems per task, everything else full size
@@ -144,7 +144,7 @@ def step_spec_compare(out: Path, limit: int | None, model: str) -> dict:
     draft = zoo.prepare(QWEN)
     args = ["--river", str(path), "--draft", str(draft), "--name", QWEN15, "--out", str(out)]
     args += ["--rounds", "1", "--tokens", "12"] if limit else ["--rounds", "8"]
-    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=_ROOT)
     return json.loads((out / f"spec_compare_{QWEN15}.json").read_text())
 
 
@@ -177,7 +177,7 @@ def step_text_spec_compare(out: Path, limit: int | None, model: str) -> dict:
     from river_edge import zoo
     args = ["--river", str(_exact_river(QWEN15)), "--draft", str(zoo.prepare(QWEN)), "--name", QWEN15, "--out", str(out),
             "--text-prompts", "2" if limit else str(TEXT_PROMPTS), "--tokens", "12" if limit else "64"]
-    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "bench.spec_compare", *args], check=True, cwd=_ROOT)
     return json.loads((out / f"text_spec_compare_{QWEN15}.json").read_text())
 
 
@@ -191,7 +191,7 @@ STEPS[f"text_spec_compare_{QWEN15}"] = (step_text_spec_compare, dict(model=QWEN1
 SPEED = ("modes_", "runtime_", "spec_compare_", "text_")
 
 
-def run(out: Path, limit: int | None, only: list[str] | None, redo: list[str], as_host: Path | None = None) -> None:
+def run_steps(out: Path, limit: int | None, only: list[str] | None, redo: list[str], as_host: Path | None = None) -> None:
     from river_edge.host import host
     from bench.recorded import host_folder, machine, recorded_machine
 
@@ -256,7 +256,7 @@ def as_host_env(folder: Path) -> None:
                          "(this CPU cannot execute it, or the runtime has no such variant)")
 
 
-def rescore(out: Path) -> None:
+def rescore_evals(out: Path) -> None:
     """Each eval_<model>_<task>.json re-scored from its rows in eval/ by today's answer extraction (no decoding)."""
     from river_edge.measure import evaluate as E
 
@@ -273,7 +273,7 @@ def rescore(out: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=("run", "report", "rescore"))
-    ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the JSON and plots")
+    ap.add_argument("--out", type=Path, default=_RESULTS, help="folder of the JSON and plots")
     ap.add_argument("--limit", type=int, help="smoke run: N problems per task and tiny sizes everywhere")
     ap.add_argument("--eval-limit", type=int, help="at most N problems per accuracy task (the rest full size)")
     ap.add_argument("--only", help="comma list of steps (" + ", ".join(STEPS) + ")")
@@ -287,17 +287,17 @@ def main(argv=None) -> int:
         as_host_env(a.as_host)
     global EVAL_LIMIT
     EVAL_LIMIT = a.eval_limit
-    page = ROOT / "docs" / "results.md"
-    readme = a.readme or (page if a.out.resolve() == RESULTS.resolve() else None)
+    page = _ROOT / "docs" / "results.md"
+    readme = a.readme or (page if a.out.resolve() == _RESULTS.resolve() else None)
     if a.what == "run":
-        run(a.out, a.limit, a.only.split(",") if a.only else None, [x for x in a.redo.split(",") if x], a.as_host)
-        if a.out.resolve() == RESULTS.resolve():
+        run_steps(a.out, a.limit, a.only.split(",") if a.only else None, [x for x in a.redo.split(",") if x], a.as_host)
+        if a.out.resolve() == _RESULTS.resolve():
             from bench import builds
             builds.main()   # the new records' builds, matched to their series before the pages name them
     if a.what == "rescore":
-        rescore(a.out)
-    front = ROOT / "README.md" if readme is not None and readme.resolve() == page.resolve() else None
-    print(report(a.out, readme, front, extra=device_section))
+        rescore_evals(a.out)
+    front = _ROOT / "README.md" if readme is not None and readme.resolve() == page.resolve() else None
+    print(results_report(a.out, readme, front, extra=device_section))
     return 0
 
 

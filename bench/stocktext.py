@@ -27,12 +27,12 @@ from bench.recorded import host_folder
 from river_edge.runtime.headrank import chat_tokens
 from river_edge.runtime.llama import RiverLlama
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 PLAIN_DRAFTERS = ("ngram", "ngram-cache", "head")     # need no river
 RIVER_DRAFTERS = ("river", "river+ngram")             # need the river GGUF
 
 
-def configs(path: str, river: bool, kw: dict):
+def mode_factories(path: str, river: bool, kw: dict):
     """(name, factory) of every mode the file supports; `name@k4`: drafting four tokens every cycle."""
     yield "backbone", lambda: RiverLlama(path, mode="backbone", **kw)
     for d in PLAIN_DRAFTERS + (RIVER_DRAFTERS if river else ()):
@@ -51,7 +51,7 @@ def check_file(path: str, river: bool, n: int, threads: int, only=None) -> dict:
     ref = {w: [answer(stock, p, n) for p in ps] for w, ps in work.items()}
     del stock
     res = {}
-    for name, make in configs(path, river, kw):
+    for name, make in mode_factories(path, river, kw):
         if only and name not in only:
             continue
         t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def main() -> None:
     if a.river:
         files["upcast"] = (a.river, True, "the river GGUF's backbone: the F16 upcast of the shipped weights")
     h = host(a.threads)
-    rec = host_folder(HERE / "results", h) / f"stocktext_{a.model}.json"
+    rec = host_folder(_HERE / "results", h) / f"stocktext_{a.model}.json"
     merge = (a.only or a.upcast_only) and rec.exists()
     out = json.loads(rec.read_text()) if merge else \
         {"model": a.model, "tokens": a.tokens, "reference": "llama_cpp.Llama on the same file", "files": {}}

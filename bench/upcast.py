@@ -1,6 +1,6 @@
 """How close the F16 backbone is to the shipped file: `river build` upcasts a quantized source by dequantizing
-it and rounding to F16 (gguf_tools/build.py), which moves part of the weights. Counted over every matrix (run), and
-the results page's paragraph on it (section)."""
+it and rounding to F16 (gguf_tools/build.py), which moves part of the weights. Counted over every matrix (measure_upcast), and
+the results page's paragraph on it (upcast_section)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,12 +10,12 @@ import numpy as np
 from river_edge.gguf_tools.build import to_f32
 from river_edge.gguf_tools.reader import ggml_shape, n_dims, open_gguf
 
-from bench.recorded import QWEN, QWEN15, SMOL, load
+from bench.recorded import QWEN, QWEN15, SMOL, load_record
 
 F16_TINY = float(np.finfo(np.float16).tiny)   # below it F16 is subnormal: fewer bits than 2^-11 relative
 
 
-def run(src: str | Path, progress=None) -> dict:
+def measure_upcast(src: str | Path, progress=None) -> dict:
     """Per weight type of `src`: weights, how many the F16 rounding moves, the largest relative move among
     weights in F16's normal range, and how many lie below it or round to zero."""
     types: dict[str, dict] = {}
@@ -40,9 +40,9 @@ def run(src: str | Path, progress=None) -> dict:
             "max_rel": max((d["max_rel"] for d in types.values()), default=0.0), "f16_unit_roundoff": 2.0 ** -11}
 
 
-def section(out: Path) -> list[str]:
+def upcast_section(out: Path) -> list[str]:
     """The results page's paragraph on the upcast, from the upcast_*.json in `out`."""
-    got = [(m, u) for m in (SMOL, QWEN, QWEN15) if (u := load(out, f"upcast_{m}"))]
+    got = [(m, u) for m in (SMOL, QWEN, QWEN15) if (u := load_record(out, f"upcast_{m}"))]
     if not got:
         return []
     below = sum(d["below_normal"] for _, u in got for d in u["types"].values())

@@ -30,7 +30,7 @@ from river_edge.host import host
 from river_edge.runtime.headrank import chat_tokens
 from river_edge.runtime.llama import RiverLlama
 
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 N = 9
 
 
@@ -128,7 +128,7 @@ def main() -> None:
         out["files"][name] = r = measure(path, a.reps, a.threads)
         print(f"{name}: step {r['step_ms']:.1f} ms; v(n) stock {r['stock']['v']}; exact {r['exact']['v']} "
               f"(rows exact up to {r['exact']['rows_exact_up_to']})", flush=True)
-    rec = host_folder(HERE / "results", out["host"]) / "vcost.json"
+    rec = host_folder(_HERE / "results", out["host"]) / "vcost.json"
     rec.parent.mkdir(parents=True, exist_ok=True)
     rec.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {rec}")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 VERSION = "0.3.36"
-HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent
 # Only what river-edge uses: the shared libraries.  No mtmd, tools, tests, examples or server.
 CMAKE_ARGS = [
     "-DLLAVA_BUILD=OFF",
@@ -50,7 +50,7 @@ def series(extra_cmake: list[str] = ()) -> list[tuple[Path, str]]:
     to llama-cpp-python itself (applied at the sdist's root), else it patches the vendored llama.cpp; and
     `if=GGML_X` for a patch that only builds with that backend on (-DGGML_X=ON among the CMake flags)."""
     out = []
-    for line in (HERE / "series").read_text().splitlines():
+    for line in (_HERE / "series").read_text().splitlines():
         words = line.split("#", 1)[0].split()
         if not words:
             continue
@@ -58,7 +58,7 @@ def series(extra_cmake: list[str] = ()) -> list[tuple[Path, str]]:
         if cond and f"-D{cond[0]}=ON" not in extra_cmake:
             continue
         where = [w for w in words[1:] if not w.startswith("if=")]
-        out.append((HERE / words[0], where[0] if where else "vendor/llama.cpp"))
+        out.append((_HERE / words[0], where[0] if where else "vendor/llama.cpp"))
     return out
 
 
@@ -115,22 +115,22 @@ def hash_series(h, extra_cmake: list[str]) -> None:
         h.update(p.name.encode() + b"\0" + where.encode() + b"\0" + code_of(p))
 
 
-def cache_dir() -> Path:
+def runtime_cache_dir() -> Path:
     d = Path(os.environ.get("RIVER_EDGE_CACHE", Path.home() / ".cache" / "river-edge")) / "runtime"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
-def run(cmd: list[str], **kw) -> None:
+def run_command(cmd: list[str], **kw) -> None:
     print("+", " ".join(map(str, cmd)), flush=True)
     subprocess.run(cmd, check=True, **kw)
 
 
 def sdist(python: str) -> Path:
-    d = cache_dir() / "sdist"
+    d = runtime_cache_dir() / "sdist"
     found = list(d.glob(f"llama_cpp_python-{VERSION}.tar.gz"))
     if not found:
-        run([python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        run_command([python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
              f"llama-cpp-python=={VERSION}", "-d", str(d)])
         found = list(d.glob(f"llama_cpp_python-{VERSION}.tar.gz"))
     return found[0]
@@ -142,7 +142,7 @@ def prepare_tree(python: str, dest: Path, extra_cmake: list[str] = ()) -> Path:
         tf.extractall(dest, filter="data")
     root = dest / f"llama_cpp_python-{VERSION}"
     for p, where in series(extra_cmake):
-        run(["patch", "-p1", "--forward", "--batch", "-d", str(root if where == "root" else root / where), "-i", str(p)])
+        run_command(["patch", "-p1", "--forward", "--batch", "-d", str(root if where == "root" else root / where), "-i", str(p)])
     return root
 
 
@@ -165,12 +165,12 @@ def cuda_args(python: str, extra: list[str]) -> list[str]:
         return vmm
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     release = out.split("release ")[1].split(",")[0]          # "13.0"
-    dest = cache_dir() / "cuda" / f"cublas-{release}"
+    dest = runtime_cache_dir() / "cuda" / f"cublas-{release}"
     installed = pip_nvidia(python)   # the one PyTorch's CUDA build brought, if any (a machine without network)
     if installed is not None and any(installed.glob(f"*/lib/libcublas.so.{release.split('.')[0]}*")):
         dest = installed.parent
     elif not (dest / "nvidia").is_dir():
-        run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(dest), f"nvidia-cublas=={release}.*"])
+        run_command([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(dest), f"nvidia-cublas=={release}.*"])
     base = next(p.parent.parent for p in sorted(dest.glob("nvidia/*/lib/libcublas.so*")))
     lib, inc = base / "lib", base / "include"
     find = lambda name: next(iter(sorted(lib.glob(f"{name}.so*"))))
@@ -214,13 +214,13 @@ def main() -> int:
     if not args.force and not args.no_install and installed_tag(args.python) == tag:
         print(f"patched llama-cpp-python {tag} already installed")
         return 0
-    wheels = cache_dir() / "wheels" / tag
+    wheels = runtime_cache_dir() / "wheels" / tag
     if args.force or not any(wheels.glob("*.whl")):
         t0 = time.monotonic()
         # A tree and CMake build folder of their own under the cache, removed afterwards: with ccache
         # installed (ggml's GGML_CCACHE) and paths relative to this folder, a rebuild after a change to
         # the series recompiles only what the change touched.
-        work = cache_dir() / "build" / tag
+        work = runtime_cache_dir() / "build" / tag
         shutil.rmtree(work, ignore_errors=True)
         try:
             root = prepare_tree(args.python, work / "src", extra)
@@ -230,7 +230,7 @@ def main() -> int:
                        CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2),
                        SKBUILD_BUILD_DIR=str(work / "cmake"), CCACHE_BASEDIR=str(work), CCACHE_NOHASHDIR="1")
             out = work / "wheel"
-            run([args.python, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(root)], env=env)
+            run_command([args.python, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(root)], env=env)
             wheels.mkdir(parents=True, exist_ok=True)
             for w in out.glob("*.whl"):
                 shutil.copy2(w, wheels / w.name)
@@ -241,9 +241,9 @@ def main() -> int:
     if args.no_install:
         print(f"cached {wheel} (not installed; `make setup RIVER_CMAKE_ARGS=\"{asked}\"` installs it)")
         return 0
-    run([args.python, "-m", "pip", "install", "--force-reinstall", "--no-deps", "-q", str(wheel)])
+    run_command([args.python, "-m", "pip", "install", "--force-reinstall", "--no-deps", "-q", str(wheel)])
     # Its own small dependencies (numpy, jinja2, diskcache, typing-extensions) if missing.
-    run([args.python, "-m", "pip", "install", "-q", "typing-extensions>=4.5.0", "numpy>=1.20.0",
+    run_command([args.python, "-m", "pip", "install", "-q", "typing-extensions>=4.5.0", "numpy>=1.20.0",
          "diskcache>=5.6.1", "jinja2>=2.11.3"])
     print(f"installed patched llama-cpp-python {tag}")
     return 0

@@ -62,20 +62,20 @@ def ensure_debs() -> None:
         return
     if os.geteuid() != 0:
         raise SystemExit(f"install {' '.join(missing)} (Debian names) first")
-    B.run(["apt-get", "update", "-qq"])
-    B.run(["apt-get", "install", "-y", "-qq", *missing])
+    B.run_command(["apt-get", "update", "-qq"])
+    B.run_command(["apt-get", "install", "-y", "-qq", *missing])
 
 
-def build(python: str = sys.executable, extra: list[str] = (), force: bool = False) -> Path:
+def build_aarch64(python: str = sys.executable, extra: list[str] = (), force: bool = False) -> Path:
     """The cached llama_cpp package for aarch64, built if missing."""
     ensure_debs()
     t = tag(extra)
-    dest = B.cache_dir() / "aarch64" / t
+    dest = B.runtime_cache_dir() / "aarch64" / t
     pkg = dest / "llama_cpp"
     if (pkg / "RIVER_BUILD").exists() and not force:
         return pkg
     t0 = time.monotonic()
-    work = B.cache_dir() / "build" / f"aarch64-{t}"
+    work = B.runtime_cache_dir() / "build" / f"aarch64-{t}"
     root = work / "src" / f"llama_cpp_python-{B.VERSION}"
     # a build that stopped after patching (interrupted, or failed late) goes on where it was
     if not (work / "patched").exists():
@@ -83,12 +83,12 @@ def build(python: str = sys.executable, extra: list[str] = (), force: bool = Fal
         B.prepare_tree(python, work / "src", list(extra))
         (work / "aarch64.cmake").write_text(TOOLCHAIN)
         (work / "patched").touch()
-    B.run(["cmake", "-S", str(root), "-B", str(work / "cmake"), f"-DCMAKE_TOOLCHAIN_FILE={work / 'aarch64.cmake'}",
+    B.run_command(["cmake", "-S", str(root), "-B", str(work / "cmake"), f"-DCMAKE_TOOLCHAIN_FILE={work / 'aarch64.cmake'}",
            f"-DSKBUILD_PLATLIB_DIR={work / 'platlib'}", *flags(extra)])
     # not a sub-make of `make test-arm`: that prints every directory the build enters
     quiet = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    B.run(["cmake", "--build", str(work / "cmake"), "--parallel", str(os.cpu_count() or 2)], env=quiet)
-    B.run(["cmake", "--install", str(work / "cmake")])   # also into the tree's llama_cpp/lib
+    B.run_command(["cmake", "--build", str(work / "cmake"), "--parallel", str(os.cpu_count() or 2)], env=quiet)
+    B.run_command(["cmake", "--install", str(work / "cmake")])   # also into the tree's llama_cpp/lib
     # llama-cpp-python is pure Python over ctypes: its package from the patched tree, the libraries in it
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -107,7 +107,7 @@ def main() -> int:
     ap.add_argument("--cmake-args", default="", help="extra CMake flags (part of the cache key)")
     ap.add_argument("--force", action="store_true", help="rebuild even if cached")
     args = ap.parse_args()
-    print(build(args.python, args.cmake_args.split(), args.force))
+    print(build_aarch64(args.python, args.cmake_args.split(), args.force))
     return 0
 
 

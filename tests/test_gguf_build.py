@@ -79,11 +79,11 @@ def test_f16_backbone_is_the_source_upcast(fixture, request):
 def test_upcast_report_counts_the_weights_the_f16_backbone_moved(fixture, request):
     """bench/upcast.py (the docs' "how close the backbone is to the shipped file") counts exactly the weights
     whose value in the built F16 backbone differs from the source's, each within F16's rounding."""
-    from bench.upcast import run
+    from bench.upcast import measure_upcast
 
     src, dst = tensors(request.getfixturevalue(fixture + "_base")), tensors(request.getfixturevalue(fixture))
     moved = sum(int((f32(dst[n]) != f32(t)).sum()) for n, t in src.items() if len(t.shape) >= 2)
-    r = run(request.getfixturevalue(fixture + "_base"))
+    r = measure_upcast(request.getfixturevalue(fixture + "_base"))
     assert r["weights"] == sum(f32(t).size for t in src.values() if len(t.shape) >= 2)
     assert sum(d["moved"] for d in r["types"].values()) == moved and 0 < moved < r["weights"]
     assert 0 < r["max_rel"] <= 2.0 ** -11

@@ -33,7 +33,7 @@ def test_each_header_is_numbered_within_the_series():
 def test_the_build_hash_reads_the_code_not_the_description(tmp_path, monkeypatch):
     for p in PATCHES.iterdir():
         (tmp_path / p.name).write_bytes(p.read_bytes())
-    monkeypatch.setattr(B, "HERE", tmp_path)
+    monkeypatch.setattr(B, "_HERE", tmp_path)
     before = B.series_hash([])
     first = tmp_path / listed()[0]
     text = first.read_text()

@@ -28,7 +28,7 @@ def test_held_out_texts_alternate_sources():
 
 
 def test_every_configuration_against_the_backbone(river_copy):
-    res = Q.run(river_copy, ["q4_0", "q8_0", "river", "random", "fast", "gated", "gated-random", "taus", "gates"],
+    res = Q.measure_quality(river_copy, ["q4_0", "q8_0", "river", "random", "fast", "gated", "gated-random", "taus", "gates"],
                 n_texts=2, max_tokens=20, threads=1)
     c, L = res["configs"], res["n_layer"]
     assert res["positions"] == 2 * 19  # 2 texts of 20 tokens: 19 next-token predictions each
@@ -66,7 +66,7 @@ def test_every_configuration_against_the_backbone(river_copy):
 def test_at_infinite_thresholds_the_rule_is_the_backbone(tiny_llama, tmp_path):
     dst = tmp_path / "t.river.gguf"
     shutil.copy(tiny_llama, dst)
-    res = Q.run(dst, ["river"], n_texts=2, max_tokens=16, threads=1)
+    res = Q.measure_quality(dst, ["river"], n_texts=2, max_tokens=16, threads=1)
     r, b = res["configs"]["river"], res["configs"]["backbone"]
     assert r["kl"] < 1e-6 and r["agreement"] == 1 and r["perplexity"] == pytest.approx(b["perplexity"], rel=1e-6)
     assert r["mean_depth"] == res["n_layer"]
@@ -74,8 +74,8 @@ def test_at_infinite_thresholds_the_rule_is_the_backbone(tiny_llama, tmp_path):
 
 def test_bad_configuration(tiny_llama, tmp_path):
     with pytest.raises(RiverError, match="unknown configuration 'q3'"):
-        Q.run(tiny_llama, ["q3"])
+        Q.measure_quality(tiny_llama, ["q3"])
     dst = tmp_path / "t.river.gguf"
     shutil.copy(tiny_llama, dst)
     with pytest.raises(RiverError, match="random needs river first"):
-        Q.run(dst, ["random"], n_texts=1, max_tokens=8, threads=1)
+        Q.measure_quality(dst, ["random"], n_texts=1, max_tokens=8, threads=1)

@@ -42,7 +42,7 @@ def test_report_rewrites_only_the_marked_section(tmp_path):
     (out / f"quality_{R.SMOL}.json").write_text(json.dumps(quality()))
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n## Results\n{R.BEGIN}\nold\n{R.END}\n\n## Tests\nkept\n")
-    text = R.report(out, readme)
+    text = R.results_report(out, readme)
     body = readme.read_text()
     assert "old" not in body and body.endswith(f"{R.END}\n\n## Tests\nkept\n") and text in body
     assert "| river | 0.0500 | 0.900 |" in body
@@ -50,7 +50,7 @@ def test_report_rewrites_only_the_marked_section(tmp_path):
     assert (out / f"pareto_{R.SMOL}.png").stat().st_size > 1000 and (out / f"depth_{R.SMOL}.png").is_file()
     readme.write_text("no markers")
     with pytest.raises(SystemExit, match="no results markers"):
-        R.report(out, readme)
+        R.results_report(out, readme)
 
 
 def _modes(cpu, configs):
@@ -89,7 +89,7 @@ def test_runs_from_another_host_get_their_own_tables(tmp_path):
     epyc = lines[lines.index("*host EPYC (avx2, amx_tile), 2 threads:*"):]
     assert next(x for x in epyc if x.startswith(f"| {R.QWEN15} | q8_0 |")).startswith(f"| {R.QWEN15} | q8_0 | 7.2 | 1.20x")
     assert next(x for x in epyc if x.startswith(f"| {R.QWEN15} | backbone")).split(" | ")[5] == f"{6.0 / 7.2:.2f}x"  # x Q8_0
-    text = R.report(tmp_path, None)
+    text = R.results_report(tmp_path, None)
     assert text.index("Other hosts: zen4") > text.index("host Xeon") and "host EPYC" in text.split("Other hosts")[1]
     assert (other / f"modes_{R.QWEN15}.png").is_file()
 
@@ -143,7 +143,7 @@ def test_make_results_routes_speed_steps_to_this_machines_folder(tmp_path, monke
     mine.mkdir(parents=True)
     (mine / "modes_a.json").write_text(json.dumps({"host": here}))
     (mine / "modes_b.json").write_text(json.dumps(xeon))                             # left by another machine
-    script.run(tmp_path, None, None, [])
+    script.run_steps(tmp_path, None, None, [])
     assert ran == [("modes_b", mine), ("quality_a", tmp_path)]
     assert json.loads((mine / "modes_b.json").read_text())["host"] == here and (tmp_path / "quality_a.json").is_file()
     assert json.loads((tmp_path / "modes_a.json").read_text()) == xeon                # the other host's, untouched
@@ -154,14 +154,14 @@ def test_same_text_counts_come_from_the_sixteen_prompt_pass(tmp_path):
     prompts) where that pass was made, with a line saying where; the timed runs' own counts otherwise."""
     m = dict(_modes("Xeon", {"backbone": 10.0, "exact": 12.0, "q8_0": 20.0}), tokens=64, prompts=["p"] * 4, rounds=3)
     (tmp_path / f"modes_{R.SMOL}.json").write_text(json.dumps(m))
-    text = R.report(tmp_path, None)
+    text = R.results_report(tmp_path, None)
     assert "| exact | 12.0 |" in text and "| 2/2 |" in text and "the timed runs (4 prompts x 3 rounds)" in text
     t = {"prompts": ["p"] * 16, "tokens": 64, "as_host": "AMD EPYC (avx2, avx512f)",
          "host": {"cpu": {"model": "Xeon", "isa": ["amx_tile"]}, "runtime": {"cpu_variant": "zen4"}},
          "configs": {"backbone": {"identical_runs": 16, "runs": 16}, "exact": {"identical_runs": 16, "runs": 16},
                      "q8_0": {"identical_runs": 5, "runs": 16}}}
     (tmp_path / f"text_{R.SMOL}.json").write_text(json.dumps(t))
-    text = R.report(tmp_path, None)
+    text = R.results_report(tmp_path, None)
     q8 = next(x for x in text.splitlines() if x.startswith("| q8_0 | 20.0 |"))
     assert "| 5/16 |" in q8 and "| 2/2 |" not in text
     assert ("every configuration once over 16 distinct chat prompts, 64 greedy tokens each" in text
@@ -172,7 +172,7 @@ def test_same_text_counts_come_from_the_sixteen_prompt_pass(tmp_path):
     del t["configs"]["q8_0"]                                    # a pass that missed a configuration is refused
     (tmp_path / f"text_{R.SMOL}.json").write_text(json.dumps(t))
     with pytest.raises(Exception, match="no same-text count for q8_0"):
-        R.report(tmp_path, None)
+        R.results_report(tmp_path, None)
 
 
 def test_as_host_runs_only_the_text_steps_into_that_hosts_folder(tmp_path, monkeypatch):
@@ -198,10 +198,10 @@ def test_as_host_runs_only_the_text_steps_into_that_hosts_folder(tmp_path, monke
     (amd / "modes_a.json").write_text(json.dumps(rec))
     assert script._host_of(amd) == ("AMD EPYC (avx2, avx512f)", "zen4")
     assert script.timed_table("text_a") == "modes_a" and script.timed_table("text_spec_compare_m") == "spec_compare_m"
-    script.run(tmp_path, None, None, [], as_host=amd)
+    script.run_steps(tmp_path, None, None, [], as_host=amd)
     assert ran == [("text_a", amd)] and json.loads((amd / "text_a.json").read_text())["as_host"] == "AMD EPYC (avx2, avx512f)"
     monkeypatch.chdir(tmp_path)   # resumed with the folder named relative to here: the done step is skipped
-    script.run(tmp_path, None, None, [], as_host=Path("hosts/zen4"))
+    script.run_steps(tmp_path, None, None, [], as_host=Path("hosts/zen4"))
     assert ran == [("text_a", amd)]
     (amd / "modes_b.json").write_text(json.dumps(dict(rec, host={"cpu": {"model": "AMD EPYC"}})))  # no variant named
     with pytest.raises(SystemExit, match="no single ggml CPU variant"):
@@ -225,7 +225,7 @@ def test_a_host_folder_shows_its_spec_compare_and_runtime_host(tmp_path):
     runtime = json.loads((Path(R.__file__).parent / "results" / "hosts" / "amd-epyc-zen4" /
                           f"runtime_{R.SMOL}.json").read_text())   # a real runtime benchmark's JSON
     (other / f"runtime_{R.SMOL}.json").write_text(json.dumps(dict(runtime, host=host)))
-    text = R.report(tmp_path, None)
+    text = R.results_report(tmp_path, None)
     assert "Other hosts: zen4" in text and "host EPYC (avx2), 2 threads, load 1.50" in text.split("Other hosts")[1]
     assert f"Runtime benchmark, {R.SMOL}" in text.split("Other hosts")[1] and (other / f"runtime_{R.SMOL}.png").is_file()
 
@@ -270,10 +270,10 @@ def test_committed_pages_are_what_their_json_generates():
     the committed text. A figure edited by hand in either block, or a JSON changed without regenerating, fails here."""
     import difflib
 
-    from bench.device_bench import section
+    from bench.device_bench import device_section
 
     page, front = (ROOT / "docs" / "results.md").read_text(), (ROOT / "README.md").read_text()
-    new_page, new_front = R.pages(ROOT / "bench" / "results", page, front, "../bench/results", extra=section)
+    new_page, new_front = R.pages(ROOT / "bench" / "results", page, front, "../bench/results", extra=device_section)
     for name, old, new in (("docs/results.md", page, new_page), ("README.md", front, new_front)):
         diff = "".join(list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), name, "regenerated"))[:40])
         assert old == new, f"{name} drifted from its JSON; run `.venv/bin/python -m bench.steps report`:\n{diff}"

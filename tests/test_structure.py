@@ -298,40 +298,84 @@ def test_only_the_decoder_moves_the_kept_tokens():
 
 # The per-architecture reference files (river_edge/reference/<arch>.py) share one interface on purpose, as mlx-lm's
 # model files each define Model and ModelArgs: each defines its decoder layer as Block (a subclass of llama.py's), and
-# reference/model.py picks one by the GGUF's architecture from its BLOCKS table. The one exception to one meaning per
+# reference/model.py picks one by the GGUF's architecture from its BLOCKS table. An exception to one meaning per
 # name, and it holds in those files alone.
 PER_ARCHITECTURE = {"Block": "each reference/<arch>.py's decoder layer, picked by reference/model.py's BLOCKS"}
+# Each script's entry point is main by convention (`python -m bench.NAME`, `python patches/build.py`,
+# measure/sandbox_init.py's child): the other exception, and it holds only in modules that run it as __main__.
+ENTRY_POINT = {"main": "each script's entry point, run under its `if __name__ == \"__main__\"`"}
 
 
-def public_names() -> dict[str, list[str]]:
+def named_files() -> dict[str, Path]:
+    """The modules one meaning per name covers: the package (modules()), the measurement wing bench/ (a package, run
+    as `python -m bench.NAME`) and the build scripts patches/*.py, each once. The top-level cli/ and gguf_tools/ are
+    symlinks into river_edge/ and are not walked again."""
+    out = dict(modules())
+    out.update({f"bench.{f.stem}": f for f in (ROOT / "bench").glob("*.py") if f.name != "__init__.py"})
+    out["bench"] = ROOT / "bench" / "__init__.py"
+    out.update({f"patches.{f.stem}": f for f in (ROOT / "patches").glob("*.py")})
+    files = [f.resolve() for f in out.values()]
+    assert len(files) == len(set(files)), "a file walked twice"
+    return out
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    """The module-level names `tree` defines: def, class, assignment (a tuple's names too)."""
+    found = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        for t in targets:
+            found.update(e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name))
+    return found
+
+
+def public_names(files: dict[str, Path] | None = None) -> dict[str, list[str]]:
     """Each module-level public name (def, class, assignment; no leading `_`) -> the modules that define it."""
     out: dict[str, list[str]] = {}
-    for name, f in sorted(modules().items()):
-        found = set()
-        for node in ast.parse(f.read_text()).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                found.add(node.name)
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, ast.AnnAssign) else []
-            for t in targets:
-                found.update(e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name))
-        for n in found:
+    for name, f in sorted((named_files() if files is None else files).items()):
+        for n in defined_names(ast.parse(f.read_text())):
             if not n.startswith("_"):
                 out.setdefault(n, []).append(name)
     return out
 
 
+def runs_as_main(f: Path) -> bool:
+    return any(isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'", "'__main__' == __name__")
+               for node in ast.parse(f.read_text()).body)
+
+
+def repeated(names: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {n: ms for n, ms in names.items() if len(ms) > 1 and n not in PER_ARCHITECTURE and n not in ENTRY_POINT}
+
+
 def test_each_public_name_is_defined_once():
-    """One meaning per name: `git grep 'def NAME'` finds one. A second module's `run` or `Settings` is a different
-    thing under the same name (measure/bench.py's run and measure/evaluate.py's were), and a reader, a grep or an
-    import takes the wrong one. Module-level functions, classes and assignments count; names with a leading `_` do
-    not."""
-    names = public_names()
+    """One meaning per name: `git grep 'def NAME'` finds one, across river_edge/, bench/ and patches/*.py. A second
+    module's `run` or `Settings` is a different thing under the same name (measure/bench.py's run and
+    measure/evaluate.py's were, as were bench/upcast.py's, bench/steps.py's and patches/build.py's), and a reader, a
+    grep or an import takes the wrong one. Module-level functions, classes and assignments count; names with a
+    leading `_` do not (a script's own folder is _HERE)."""
+    files = named_files()
+    names = public_names(files)
     assert len(names["Block"]) > 1 and names["rank_vocabulary"] == ["river_edge.defaults"]   # the walk is real
-    twice = {n: ms for n, ms in names.items() if len(ms) > 1 and n not in PER_ARCHITECTURE}
-    assert twice == {}, twice
+    assert names["run_steps"] == ["bench.steps"] and names["build_aarch64"] == ["patches.cross"]   # bench/, patches/
+    assert not any(m.startswith(("cli.", "gguf_tools.")) for ms in names.values() for m in ms)   # symlinks: not again
+    assert repeated(names) == {}, repeated(names)
     model = ast.parse((PACKAGE / "reference" / "model.py").read_text())
     blocks = next(node.value for node in model.body if isinstance(node, ast.Assign)
                   and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["BLOCKS"])
     arch = {f"river_edge.reference.{v.value.id}" for v in blocks.values}
     assert {m for n in PER_ARCHITECTURE for m in names[n]} == arch   # the exception: reference/<arch>.py alone
+    assert len(names["main"]) > 1 and all(runs_as_main(files[m]) for n in ENTRY_POINT for m in names[n])   # scripts'
+
+
+def test_a_repeated_name_is_found(tmp_path):
+    """The check finds a name two modules define, wherever they live, and lets the two exceptions through."""
+    (tmp_path / "a.py").write_text("def load():\n    pass\n\n\ndef main():\n    pass\n\n\n"
+                                   "if __name__ == '__main__':\n    main()\n")
+    (tmp_path / "b.py").write_text("load, _HERE = 1, 2\nBlock = None\n")
+    files = {"bench.a": tmp_path / "a.py", "patches.b": tmp_path / "b.py", "bench.steps": ROOT / "bench" / "steps.py"}
+    assert repeated(public_names(files)) == {"load": ["bench.a", "patches.b"]}
+    assert runs_as_main(tmp_path / "a.py") and not runs_as_main(tmp_path / "b.py")

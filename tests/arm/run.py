@@ -180,7 +180,7 @@ def main() -> int:
     out = RECORDS if args.record else Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="river-arm-records-"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    pkg = cross.build()
+    pkg = cross.build_aarch64()
     build_s = time.monotonic() - t0
     arm = Arm(pkg)
     setup_s = time.monotonic() - t0 - build_s
