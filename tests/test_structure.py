@@ -379,3 +379,19 @@ def test_a_repeated_name_is_found(tmp_path):
     files = {"bench.a": tmp_path / "a.py", "patches.b": tmp_path / "b.py", "bench.steps": ROOT / "bench" / "steps.py"}
     assert repeated(public_names(files)) == {"load": ["bench.a", "patches.b"]}
     assert runs_as_main(tmp_path / "a.py") and not runs_as_main(tmp_path / "b.py")
+
+
+def test_a_greedy_exact_tokens_path_reads_in_short_functions():
+    """docs/design.md section 2: a greedy exact token from `river chat` to llama_decode and back passes through these,
+    each short enough to read at once (under 60 lines)."""
+    path = {"chat.py": ["Chat.ask"], "runtime/llama.py": ["RiverLlama.generate"],
+            "runtime/spec.py": ["Spec.generate", "Spec._timed_gen"],
+            "runtime/exact.py": ["ExactCall.run", "ExactCall.draft", "ExactCall.verify", "ExactCall.accept",
+                                 "ExactCall.settle", "ExactCall.keep", "ExactCall.emit"],
+            "runtime/decoder.py": ["Decoder.verify", "Decoder.decode", "Decoder.accept"]}
+    for rel, names in path.items():
+        tree = ast.parse((PACKAGE / rel).read_text())
+        found = {f"{c.name}.{f.name}": f.end_lineno - f.lineno + 1 for c in tree.body if isinstance(c, ast.ClassDef)
+                 for f in c.body if isinstance(f, ast.FunctionDef)}
+        for name in names:
+            assert name in found and found[name] < 60, (rel, name, found.get(name))
