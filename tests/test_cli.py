@@ -578,3 +578,12 @@ def test_progress_without_a_terminal_is_plain_lines():
     first, second = buf.getvalue().splitlines()
     assert first == "recording" and second.startswith("checking (50%; about 0 min 00 s left)"[:15])
     assert "s left)" in second
+    # no estimate from a rate that other work (a message's step) or too little of the bar (under 5%) made
+    buf = io.StringIO()
+    with Bars(Console(file=buf, force_terminal=False)) as bars:
+        bars("building (hashing)", 0, 100)
+        bars.say("ranking")
+        time.sleep(0.2)
+        bars("building", 1, 100)
+        bars("building, checked", 3, 100)
+    assert buf.getvalue().splitlines() == ["building (hashing)", "ranking", "building", "building, checked"]
