@@ -43,8 +43,10 @@ def _deps():
 class RiverProxy:
     """What llama-cpp-python's app asks for a model: one RiverLlama, its mode set per request."""
 
-    def __init__(self, llm, name: str, mode: str):
+    def __init__(self, llm, name: str, mode: str, log=None):
         self.llm, self.name, self.default = llm, name, mode
+        if log is not None:   # one line per request, as llama.cpp's server prints its timings
+            llm.decoding.on_call_end = lambda s: log(request_line(s))
         self.served_modes = MODES if llm.has_river else ("backbone",)
         self.template = _gguf_template(llm)
 
@@ -73,6 +75,13 @@ class RiverProxy:
 
     def free(self):
         self.llm.close()
+
+
+def request_line(s: dict) -> str:
+    """A finished request in one line: its mode, its tokens, how many were drafts that stood, its decode speed."""
+    speed = f", {s['tok_s']:.1f} tok/s" if s["tok_s"] is not None else ""
+    drafted = f" ({s['drafted']} from drafts)" if s["mode"] in F.LOOP_MODES else ""
+    return f"request: {s['mode']} mode, {s['tokens']} tokens{drafted}{speed}"
 
 
 def _gguf_template(llm):
@@ -206,17 +215,18 @@ def check_name(name: str) -> str:
 
 def create_app(model: Path, *, name: str | None = None, mode: str | None = None, n_ctx: int = 4096,
                threads: int | None = None, allow_origins: tuple[str, ...] = (), hosts: tuple[str, ...] = (),
-               request_seconds: float | None = REQUEST_SECONDS, **river_kw):
+               request_seconds: float | None = REQUEST_SECONDS, log=None, **river_kw):
     """The OpenAI app over one river GGUF (`mode` for requests that name no mode; default exact, or
     backbone for a GGUF without a river) and its proxy. Cross-origin requests from web pages are refused
     unless their origin is in allow_origins ('*': any); a Host header is answered for IP addresses, localhost,
-    `hosts` and the allowed origins' hosts. A completion runs at most request_seconds (then ends as at max_tokens)."""
+    `hosts` and the allowed origins' hosts. A completion runs at most request_seconds (then ends as at max_tokens).
+    `log` gets one line per finished request (request_line)."""
     server_app, ModelSettings, ServerSettings = _deps()
     name = check_name(name if name is not None else Path(model).name.removesuffix(".gguf"))
     llm = RiverLlama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, **river_kw)
     mode = mode or F.default_mode(llm.has_river, "serve")
     llm.mode = mode   # a mode the file cannot run fails here, as in chat: "needs a river GGUF"
-    proxy = RiverProxy(llm, name, mode)
+    proxy = RiverProxy(llm, name, mode, log)
     proxy.resolve(f"{name}:{mode}")   # a bad default mode fails here, not at the first request
     settings = ModelSettings(model=str(model), model_alias=name, n_ctx=n_ctx)
     # requests queue one after another: a new one must not cut a running stream (the app's default)
@@ -255,7 +265,7 @@ def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, say=print, 
 
     sock = listen(host, port)   # before the model loads: a taken port fails at once
     try:
-        app, proxy = create_app(model, hosts=(host,), **kw)
+        app, proxy = create_app(model, hosts=(host,), log=say, **kw)
         say(f"serving {model} on http://{host}:{port}/v1 as {proxy.name} (default mode {proxy.default}); "
             "Ctrl-C stops")
         # SIGTERM or Ctrl-C: open connections get a few seconds, then the server stops even if a request still runs

@@ -2,6 +2,7 @@
 driven with the `openai` client package, as a user's own client would."""
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -44,6 +45,7 @@ def _serve(model, *args):
                 p.kill()
                 pytest.fail(f"river serve did not start: {p.stdout.read()}")
             time.sleep(0.2)
+    client.process = p   # its output: the server's lines
     try:
         yield client
     finally:   # also when a test closes the generator
@@ -191,3 +193,19 @@ def test_messages_the_chat_template_refuses_are_a_400(tiny_llama, tmp_path):
         assert client.chat.completions.create(model="tiny", messages=turns, max_tokens=2).choices[0].message.content
     finally:
         srv.close()
+
+
+def test_each_request_is_one_line_of_the_servers_output(tiny_llama):
+    """As llama.cpp's server prints each request's timings: the mode, the tokens, the drafts that stood among them
+    (each Token's `draft`, in the modes that draft) and the decode speed."""
+    client = next(srv := _serve(tiny_llama))
+    try:
+        client.completions.create(model="tiny:exact", prompt="one two one two one two", max_tokens=16, temperature=0)
+        client.completions.create(model="tiny:backbone", prompt="the cat", max_tokens=8, temperature=0)
+    finally:
+        srv.close()
+    lines = [x for x in client.process.stdout.read().splitlines() if x.startswith("request: ")]
+    assert len(lines) == 2, lines
+    exact = re.fullmatch(r"request: exact mode, (\d+) tokens \((\d+) from drafts\), [\d.]+ tok/s", lines[0])
+    assert exact and int(exact[2]) <= int(exact[1]) <= 16, lines[0]
+    assert re.fullmatch(r"request: backbone mode, \d+ tokens, [\d.]+ tok/s", lines[1]), lines[1]

@@ -118,6 +118,7 @@ class Spec:
         self._cost_model: CostModel | None = None
         self._epoch, self._streams = 0, weakref.WeakSet()   # stream ownership (owns(), below)
         self._threads_on = False
+        self.on_call_end = None   # called with call_summary() as each generate() call ends (`river serve` logs it)
         self.mode = mode if mode is not None else self._mode
 
     @property
@@ -318,6 +319,16 @@ class Spec:
                 t0 = time.perf_counter()
         finally:
             gen.close()
+            if self.on_call_end is not None:
+                self.on_call_end(self.call_summary())
+
+    def call_summary(self) -> dict:
+        """The latest generate() call: its mode, tokens, the drafts that stood among them (each Token's `draft`) and
+        its decode speed (first token to last, as the meter times every mode)."""
+        st = self.st
+        seconds = st.call_last - st.call_first if st.call_tokens > 1 else 0.0
+        return {"mode": self._mode, "tokens": st.call_tokens, "drafted": st.call_drafted,
+                "tok_s": (st.call_tokens - 1) / seconds if seconds > 0 else None}
 
     def call_seed(self) -> int:
         """This call's sampling seed, as llama.cpp takes it: a uint32 (-1 is 0xFFFFFFFF), LLAMA_DEFAULT_SEED meaning a
