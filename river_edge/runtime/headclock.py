@@ -114,10 +114,10 @@ class Clock:
 
     def speedup(self, a: float, draft: float, kmax: int) -> tuple[int, float]:
         """(k, S(k)) of the best k at acceptance a; (0, MARGIN) where none beats a plain step by MARGIN."""
-        a = min(a, 0.999)
+        a, plain = min(a, 0.999), self.plain
         best, best_s = 0, MARGIN
         for k in range(1, kmax + 1):
-            s = (1 - a ** k) / (1 - a) * self.plain / (k * draft + self.head_cost(k))
+            s = (1 - a ** k) / (1 - a) * plain / (k * draft + self.head_cost(k))
             if s > best_s:
                 best, best_s = k, s
         return best, best_s

@@ -8,9 +8,9 @@ has a one-token head's bits and the argmax is the stock runtime's. Drafts stand 
 first that is not, the full head's token is emitted and the body steps after it are lost (their cells removed).
 A token the trimmed head missed joins its rows.
 
-Cost gate: S(k) = E(k, a) t_step / (k t_draft + t_head(k)), with E(k, a) = (1 - a^k) / (1 - a) tokens per cycle for
-a per-token acceptance a, from timings of the drafter's own steps (kept across calls), and the cycles' measured wall
-time per token against a plain step's. A draft stands exactly when the full head's token is among the trimmed rows, so
+Cost gate (headclock.py): S(k) = E(k, a) t_plain / (k t_draft + t_head(k)), with E(k, a) = (1 - a^k) / (1 - a)
+tokens per cycle for a per-token acceptance a, from timings of the drafter's own steps (kept across calls), and the
+cycles' measured wall time per token against a plain step's. A draft stands exactly when the full head's token is among the trimmed rows, so
 a is the rows' coverage of the text: counted on every token the request emits, drafted or plain, so that a request
 whose text the rows hold (an edit) drafts though the one before it (a chat) did not. Where no k gives S >= MARGIN
 the loop decodes plainly (full head, one token per step) and measures the drafts again after IDLE tokens. Greedy

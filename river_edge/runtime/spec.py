@@ -74,6 +74,11 @@ class Stats:
     call_last: float = 0.0
     extra: dict = field(default_factory=dict)
 
+    @property
+    def call_seconds(self) -> float:
+        """The latest call's decode clock: its first token to its last."""
+        return self.call_last - self.call_first if self.call_tokens > 1 else 0.0
+
     def cycle(self, src: str, k: int, drafted: int, accepted: int) -> None:
         """One exact-mode cycle: k asked of the cost model, `drafted` proposed by `src` and judged by the backbone
         (a settled near-tie leaves the drafts after it unjudged), `accepted` of them equal to its tokens."""
@@ -206,7 +211,7 @@ class Spec:
         d = {"mode": s.mode, "tokens": s.tokens, "seconds": s.seconds,
              "tok_s": s.tokens / s.seconds if s.seconds > 0 else 0.0,
              # the latest generate() call, from its first token to its last (every mode's decode clock)
-             "call_decode_seconds": s.call_last - s.call_first if s.call_tokens > 1 else 0.0,
+             "call_decode_seconds": s.call_seconds,
              "call_tokens": s.call_tokens, "call_drafted": s.call_drafted}
         if s.mode == "exact":
             d.update(cycles=s.cycles, drafted=s.drafted, accepted=s.accepted,
@@ -326,9 +331,8 @@ class Spec:
         """The latest generate() call: its mode, tokens, the drafts that stood among them (each Token's `draft`) and
         its decode speed (first token to last, as the meter times every mode)."""
         st = self.st
-        seconds = st.call_last - st.call_first if st.call_tokens > 1 else 0.0
         return {"mode": self._mode, "tokens": st.call_tokens, "drafted": st.call_drafted,
-                "tok_s": (st.call_tokens - 1) / seconds if seconds > 0 else None}
+                "tok_s": (st.call_tokens - 1) / st.call_seconds if st.call_seconds > 0 else None}
 
     def call_seed(self) -> int:
         """This call's sampling seed, as llama.cpp takes it: a uint32 (-1 is 0xFFFFFFFF), LLAMA_DEFAULT_SEED meaning a
