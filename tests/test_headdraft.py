@@ -43,7 +43,7 @@ def _one_token_rows(llm, toks):
 @pytest.mark.parametrize("wtype", ["q8_0", "q4_0", "q4_1", "f16"])
 def test_batched_head_rows_are_one_token_rows(tiny_dir, wtype):
     """llama_head_logits over k stored head inputs gives each row the bits a one-token decode's head gives it, for
-    every k (Q8_0 takes patch 18's four-row kernel on x86)."""
+    every k (Q8_0 takes patch 18's two- and four-column kernels on x86)."""
     path = write_tiny_model(tiny_dir / f"head-{wtype}.gguf", "qwen2", wtype=wtype, tie_embeddings=True, seed=7)
     llm = _llm(path)
     want, hs = _one_token_rows(llm, [1, 5, 9, 200, 5, 9, 33, 7, 100, 12, 3])
