@@ -17,7 +17,7 @@ from conftest import ARCHS
 capi = pytest.importorskip("river_edge.runtime.capi")
 pytestmark = pytest.mark.skipif(not capi.runtime_is_patched(), reason="needs the patched llama-cpp-python")
 
-TYPES = ["f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
+TYPES = ["f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k"]   # q4_1, q5_0: SmolLM2, Qwen2.5-0.5B
 N, P = 40, 8     # tokens, of which the first P are a prompt (one stock batch)
 
 

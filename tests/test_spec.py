@@ -700,3 +700,23 @@ def test_each_mode_yields_tokens_that_say_whose_draft_stood(tiny_qwen2):
         assert len(g) == n and g[0].draft is None and {t.draft for t in g[1:]} == {stood}   # g[0]: the prompt's
     s = Token(7, "exact", "ngram")
     assert s == 7 and str(s) == f"{s}" == "7" and hash(s) == hash(7) and repr(s) == "Token(7, 'exact', 'ngram')"
+
+
+def test_the_end_of_call_report_sees_each_call_and_cannot_change_how_it_ends(tiny_qwen2):
+    """Spec.on_call_end (what `river serve` logs) gets every call's summary, a call cut short included; a report
+    that fails warns and leaves the call's tokens as they were."""
+    p = [1, 5, 9, 200, 5, 9, 200, 5, 9]
+    ex = _llm(tiny_qwen2, "exact", drafter="ngram")
+    seen = []
+    ex.decoding.on_call_end = seen.append
+    want = _gen(ex, p, n=12)
+    gen = ex.generate(p, temp=0.0)
+    next(gen), gen.close()
+    assert [s["tokens"] for s in seen] == [12, 1] and seen[0]["mode"] == "exact"
+    assert 0 <= seen[0]["drafted"] <= 12 and seen[0]["tok_s"] > 0
+
+    def broken(_):
+        raise OSError("the log is gone")
+    ex.decoding.on_call_end = broken
+    with pytest.warns(RuntimeWarning, match="on_call_end failed: OSError: the log is gone"):
+        assert _gen(ex, p, n=12) == want

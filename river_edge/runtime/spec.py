@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -325,7 +326,10 @@ class Spec:
         finally:
             gen.close()
             if self.on_call_end is not None:
-                self.on_call_end(self.call_summary())
+                try:
+                    self.on_call_end(self.call_summary())
+                except Exception as e:   # a report of the call must not replace how it ended (tokens or an error)
+                    warnings.warn(f"on_call_end failed: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
 
     def call_summary(self) -> dict:
         """The latest generate() call: its mode, tokens, the drafts that stood among them (each Token's `draft`) and
