@@ -252,3 +252,28 @@ def test_a_river_llama_is_freed_with_its_last_reference(tiny_llama, tiny_llama_b
     assert dm is not None and dm.llm._stack._exit_callbacks
     m.close()
     assert m.decoding.draft_gguf is None and not dm.llm._stack._exit_callbacks
+
+
+def test_the_lookups_acceptance_is_judged_on_every_proposal_and_only_there(tiny_llama):
+    """The n-gram drafter's running acceptance (what the cost gate drafts by) moves only with evidence: a cycle
+    that proposed nothing leaves it as it was (decaying it to the prior made SmolLM2's chat draft again after every
+    plain spell, 0.92x the file), and a proposal left undrafted is judged by the token the backbone chose, free, so
+    the gate learns a lookup is right (an edit) without drafting first."""
+    from river_edge.runtime.exact import Cycle
+
+    spec = _llm(tiny_llama, "exact", drafter="ngram").decoding
+
+    def undrafted(proposed=None, out=7):
+        c = Cycle(0, "ngram", 0, [3], out=[out])
+        c.proposed = proposed
+        spec.count(c)
+        return spec.acceptance_of("ngram")
+
+    spec.acceptance_counts["ngram"] = [0.0, 8.0]   # eight rejections: the lookup is wrong here
+    low = spec.acceptance_of("ngram")
+    assert low < 0.2 and undrafted() == low and [undrafted() for _ in range(30)][-1] == low
+    right = [undrafted(proposed=7) for _ in range(30)]
+    assert right[0] > low and right[-1] > 0.9 and right == sorted(right)
+    wrong = [undrafted(proposed=8) for _ in range(30)]
+    assert wrong[-1] < 0.2 and wrong == sorted(wrong, reverse=True)
+    assert spec.st.drafted == 0   # judged for the gate, never counted as drafts

@@ -65,6 +65,7 @@ class Cycle:
     out: list[int] = field(default_factory=list)      # emitted: the drafts that stand, then the backbone's own
     judged: int = 0               # drafts the backbone judged
     agreed: int = 0               # of them, equal to its tokens
+    proposed: int | None = None   # a free drafter's first proposal where none was drafted (judged for nothing)
 
     @property
     def drafts(self) -> list[int]:
@@ -148,7 +149,10 @@ class ExactCall:
         d = self.drafter.draft(ctx, k) if k else Draft()
         if d.seconds is not None:
             self.cm.observe(0, d.seconds / len(d.tokens), offer.source)
-        return Cycle(n, offer.source, k, [pending, *d.tokens], d.conf)
+        c = Cycle(n, offer.source, k, [pending, *d.tokens], d.conf)
+        if not k and offer.free and offer.cap:   # what a lookup would have drafted: the next token judges it, free
+            c.proposed = next(iter(self.drafter.draft(ctx, 1).tokens), None)
+        return c
 
     def choose_k(self, offer: Offer, n: int) -> int:
         spec, cm = self.spec, self.cm

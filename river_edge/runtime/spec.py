@@ -193,8 +193,12 @@ class Spec:
         self.st.cycle(c.source, c.k, c.judged, c.agreed)
         if self.draft_log is not None:
             self.draft_log.append((c.conf, c.judged, c.agreed))
-        A, R = self.acceptance_counts.get(c.source, (0.0, 0.0))
-        self.acceptance_counts[c.source] = [0.9 * A + c.agreed, 0.9 * R + (c.agreed < c.judged)]
+        judged, agreed = c.judged, c.agreed
+        if not judged and c.proposed is not None and c.out:   # a free proposal left undrafted, judged by the next token
+            judged, agreed = 1, int(c.out[0] == c.proposed)
+        if judged:   # a cycle that judged nothing says nothing of the drafts: it leaves the counts as they are
+            A, R = self.acceptance_counts.get(c.source, (0.0, 0.0))
+            self.acceptance_counts[c.source] = [0.9 * A + agreed, 0.9 * R + (agreed < judged)]
 
     @property
     def cost_model(self) -> CostModel | None:
