@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.builds import load_builds, words
 from bench.head import CHAT
 from bench.recorded import host_folder
 from river_edge import zoo
@@ -101,8 +102,8 @@ def table(folder: Path, sub: str = "") -> list[str]:
     r = json.loads(p.read_text())
     h = r["host"]
     lines = [f"v(n), the cost of verifying n tokens in one batch in one-token steps, on {h['cpu']['model']} "
-             f"({h['threads']} threads; `bench/results/{sub}vcost.json`,"
-             " `python -m bench.vcost`). Exact: the batch on ggml's reference kernels, as exact mode verifies; "
+             f"({h['threads']} threads, {words(h['runtime'].get('build'), load_builds())}; "
+             f"`bench/results/{sub}vcost.json`, `python -m bench.vcost`). Exact: the batch on ggml's reference kernels, as exact mode verifies; "
              "stock: llama.cpp's own batch. Rows: the largest batch whose every row equals a one-token decode, bit "
              "for bit (exact mode verifies no larger batch).", "",
              "| file | weights | step, ms | exact v(2) | v(3) | v(4) | v(5) | v(9) | rows | stock v(4) | stock rows |",
