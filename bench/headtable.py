@@ -31,16 +31,17 @@ def head_table(out: Path) -> list[str]:
         rel = folder.relative_to(out.parent.parent) if out.parent.parent in folder.parents else folder
         lines += [f"*{host_line(recs[0])} ({rel}/head_*.json, {B.words(B.build_of(recs[0]), builds)}):*", "",
                   "| model | workload | the shipped file, tok/s | exact:head, tok/s | exact:head x the file (95% CI) | "
-                  "exact:ngram x the file | same text (head, ngram) | tokens from drafts (head) | trimmed head rows |",
+                  "exact:ngram x the file (95% CI) | same text (head, ngram) | tokens from drafts (head, ngram) | trimmed head rows |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in recs:
             for w in ("chat", "edit"):
                 d = r[w]
                 st, tps, same = d.get("head_stats") or {}, d["tok_s_median"], d["same_text_as_shipped"]
+                drafted = d.get("drafted_share") or {}
                 lines.append(f"| {r['model']} | {w} | {tps['shipped']:.1f} | {tps['exact:head']:.1f} | "
-                             f"{_x(d.get('exact:head_x_shipped'))} | {_x(d.get('exact:ngram_x_shipped')).split(' ')[0]} | "
+                             f"{_x(d.get('exact:head_x_shipped'))} | {_x(d.get('exact:ngram_x_shipped'))} | "
                              f"{same['exact:head']}/{d['prompts']}, {same['exact:ngram']}/{d['prompts']} | "
-                             f"{_share((d.get('drafted_share') or {}).get('exact:head'))} | {st.get('rows', '-')} |")
+                             f"{_share(drafted.get('exact:head'))}, {_share(drafted.get('exact:ngram'))} | {st.get('rows', '-')} |")
         notes: dict[str, list[str]] = {}   # one line per note, naming the models it is about
         for r in recs:
             if "; " in r.get("note", ""):

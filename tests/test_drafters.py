@@ -277,3 +277,14 @@ def test_the_lookups_acceptance_is_judged_on_every_proposal_and_only_there(tiny_
     wrong = [undrafted(proposed=8) for _ in range(30)]
     assert wrong[-1] < 0.2 and wrong == sorted(wrong, reverse=True)
     assert spec.st.drafted == 0   # judged for the gate, never counted as drafts
+
+
+def test_a_cycle_modelled_near_break_even_is_not_drafted():
+    """The gate drafts only where the modelled rate beats a plain step's by GAIN (what a cycle costs beyond the
+    model): free lookups at a verify(2) of 1.5 steps draft at acceptance 0.65 (1.10x modelled), not at 0.53 (1.02x)."""
+    from river_edge.runtime.costs import GAIN
+
+    cm = CostModel(draft_s=0.05, verify_s=[0, 1.0, 1.5, 2.0], ties=[0.0] * 4)
+    assert cm.rate(1, 0.53, drafter="ngram") / cm.rate(0, 0.53, drafter="ngram") < GAIN
+    assert cm.best_k(0.53, 2, "ngram") == 0
+    assert cm.best_k(0.65, 2, "ngram") == 1
