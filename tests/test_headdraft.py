@@ -243,8 +243,8 @@ def test_the_cost_gate_weighs_drafts_against_a_step_measured_beside_them():
         c.observe(what, sec, k)
     c.left_out = 1 - 4297 / 49152
     assert c.plain == pytest.approx(0.0142) and c.best_k(8, 0.8) > 0   # the stale step alone: drafting "pays"
-    c.observe("head", 0.0015, 1)
-    assert c.plain == pytest.approx(0.0080 + 0.0015 * c.left_out)
+    c.observe("head", 0.0025, 1)
+    assert c.plain == pytest.approx(0.0080 + 0.0025 * c.left_out)
     assert c.best_k(8, 0.8) == 0 and c.speedup(0.8, c.draft, 8) == (0, MARGIN)
     assert c.best_k(8, 0.999) > 0                       # where nearly every draft stands, it still pays
     c.observe("step", 0.0090)
@@ -252,3 +252,19 @@ def test_the_cost_gate_weighs_drafts_against_a_step_measured_beside_them():
     assert c.plain == pytest.approx(0.0090)             # a lower measured step wins: the cap only ever lowers it
     c.left_out = 0.0
     assert c.plain == pytest.approx(0.0080)
+
+
+def test_drafting_stops_where_the_head_is_too_small_a_share_of_a_step():
+    """Where the head rows a draft leaves out cost under HEAD_SHARE of a plain step (SmolLM2: 1.6 of 10.8 ms), the
+    gain is within the model's error and the gate decodes plainly after its probe, even where every draft stands;
+    the same costs with a larger head draft."""
+    from river_edge.runtime.headclock import HEAD_SHARE, Clock
+    for head_1, drafts in ((0.0016, False), (0.0050, True)):
+        c = Clock()
+        c.left_out = 1 - 4342 / 49152
+        for what, sec, k in (("step", 0.0108, 0), ("step", 0.0108, 0), ("draft", 0.0080, 0), ("head", 0.0031, 4),
+                             ("head", head_1, 1)):
+            c.observe(what, sec, k)
+        assert (head_1 * c.left_out >= HEAD_SHARE * c.plain) == drafts
+        assert c.speedup(0.999, c.draft, 8)[0] > 0            # the model alone would draft both
+        assert (c.best_k(8, 0.999) > 0) == drafts
