@@ -31,7 +31,8 @@ def head_table(out: Path) -> list[str]:
         rel = folder.relative_to(out.parent.parent) if out.parent.parent in folder.parents else folder
         lines += [f"*{host_line(recs[0])} ({rel}/head_*.json, {B.words(B.build_of(recs[0]), builds)}):*", "",
                   "| model | workload | the shipped file, tok/s | exact:head, tok/s | exact:head x the file (95% CI) | "
-                  "exact:ngram x the file (95% CI) | same text (head, ngram) | tokens from drafts (head, ngram) | trimmed head rows |",
+                  "exact:ngram x the file (95% CI) | same text (head, ngram) | tokens from drafts (head, ngram) | "
+                  "trimmed head rows |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in recs:
             for w in ("chat", "edit"):
@@ -41,7 +42,8 @@ def head_table(out: Path) -> list[str]:
                 lines.append(f"| {r['model']} | {w} | {tps['shipped']:.1f} | {tps['exact:head']:.1f} | "
                              f"{_x(d.get('exact:head_x_shipped'))} | {_x(d.get('exact:ngram_x_shipped'))} | "
                              f"{same['exact:head']}/{d['prompts']}, {same['exact:ngram']}/{d['prompts']} | "
-                             f"{_share(drafted.get('exact:head'))}, {_share(drafted.get('exact:ngram'))} | {st.get('rows', '-')} |")
+                             f"{_share(drafted.get('exact:head'))}, {_share(drafted.get('exact:ngram'))} | "
+                             f"{st.get('rows', '-')} |")
         notes: dict[str, list[str]] = {}   # one line per note, naming the models it is about
         for r in recs:
             if "; " in r.get("note", ""):
@@ -72,7 +74,8 @@ def _stock_text(folder: Path) -> list[str]:
             of = next(iter(modes.values()))
             out.append(f"- {m}, {'the shipped file' if key == 'shipped' else 'the F16 upcast (its river GGUF)'}: "
                        f"{len(full)} of {len(modes)} configurations wrote the stock runtime's text on all "
-                       f"{of['chat']['of']} chat and {of['edit']['of']} edit prompts ({r['tokens']} tokens, build {B.build_of(r)}"
+                       f"{of['chat']['of']} chat and {of['edit']['of']} edit prompts ({r['tokens']} tokens, "
+                       f"build {B.build_of(r)}"
                        + ("" if len(full) == len(modes) else
                           "; not: " + ", ".join(n for n in modes if n not in full)) + f"; `{p.name}`).")
     return out + ([""] if out else [])

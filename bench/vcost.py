@@ -103,7 +103,8 @@ def table(folder: Path, sub: str = "") -> list[str]:
     h = r["host"]
     lines = [f"v(n), the cost of verifying n tokens in one batch in one-token steps, on {h['cpu']['model']} "
              f"({h['threads']} threads, {words(h['runtime'].get('build'), load_builds())}; "
-             f"`bench/results/{sub}vcost.json`, `python -m bench.vcost`). Exact: the batch on ggml's reference kernels, as exact mode verifies; "
+             f"`bench/results/{sub}vcost.json`, `python -m bench.vcost`). Exact: the batch on ggml's reference "
+             "kernels, as exact mode verifies; "
              "stock: llama.cpp's own batch. Rows: the largest batch whose every row equals a one-token decode, bit "
              "for bit (exact mode verifies no larger batch).", "",
              "| file | weights | step, ms | exact v(2) | v(3) | v(4) | v(5) | v(9) | rows | stock v(4) | stock rows |",
