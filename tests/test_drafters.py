@@ -280,11 +280,11 @@ def test_the_lookups_acceptance_is_judged_on_every_proposal_and_only_there(tiny_
 
 
 def test_a_cycle_modelled_near_break_even_is_not_drafted():
-    """The gate drafts only where the modelled rate beats a plain step's by GAIN (what a cycle costs beyond the
+    """The gate drafts only where the modelled rate beats a plain step's by MARGIN (what a cycle costs beyond the
     model): free lookups at a verify(2) of 1.5 steps draft at acceptance 0.65 (1.10x modelled), not at 0.53 (1.02x)."""
-    from river_edge.runtime.costs import GAIN
+    from river_edge.runtime.headclock import MARGIN
 
     cm = CostModel(draft_s=0.05, verify_s=[0, 1.0, 1.5, 2.0], ties=[0.0] * 4)
-    assert cm.rate(1, 0.53, drafter="ngram") / cm.rate(0, 0.53, drafter="ngram") < GAIN
+    assert cm.rate(1, 0.53, drafter="ngram") / cm.rate(0, 0.53, drafter="ngram") < MARGIN
     assert cm.best_k(0.53, 2, "ngram") == 0
     assert cm.best_k(0.65, 2, "ngram") == 1

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from river_edge.runtime.drafters import FREE
+from river_edge.runtime.headclock import MARGIN   # the modelled gain a drafting cycle must show, both gates
 
 _COSTS: dict[tuple, "CostModel"] = {}   # per process: Spec.key() (file, how it is loaded, head) -> costs
 # a verification batch whose logits depart from one-token decoding by more than this (in logits) is not
@@ -23,11 +24,6 @@ ROUNDING = 0.1
 # where batch rows are not invariant, a departure the probe may not see at its own position (flash attention: ggml
 # splits a lone row's KV across threads only from 512 cells on) is taken to be at least this, in logits
 UNSEEN_ROUNDING = 0.01
-# a drafting cycle is chosen only where its modelled rate beats a plain step's by this much: what the model leaves out
-# (removing cells, the cycle's Python) and the noise of the timings it reads. At 1.0 the 0.5B's chat drafted n-gram
-# lookups at a modelled break-even and ran at 0.95x the file (AMD Zen 4). Head drafting's gate takes the same margin
-# (headclock.MARGIN).
-GAIN = 1.05
 
 
 @dataclass
@@ -96,11 +92,12 @@ class CostModel:
         return min(k, self.exact_batch - 1) if strict else k
 
     def best_k(self, a: float, kmax: int, drafter: str = "river") -> int:
-        """The k of the best modelled rate, 0 (a plain step) unless that rate beats a plain step's by GAIN."""
+        """The k of the best modelled rate, 0 (a plain step) unless that rate beats a plain step's by MARGIN (at 1.0 the
+        0.5B's chat drafted n-gram lookups at a modelled break-even and ran at 0.95x the file, AMD Zen 4)."""
         c = self.curve()
         ks = [k for k in range(0, min(kmax, len(self.verify_s) - 2) + 1) if self.usable(k + 1)]
         k = max(ks, key=lambda k: self.rate(k, a, c, drafter))
-        return k if self.rate(k, a, c, drafter) >= GAIN * self.rate(0, a, c, drafter) else 0
+        return k if self.rate(k, a, c, drafter) >= MARGIN * self.rate(0, a, c, drafter) else 0
 
     def as_dict(self) -> dict:
         return {"draft_ms": self.draft_s * 1e3, "verify_ms": [v * 1e3 for v in self.verify_s[1:]],

@@ -15,8 +15,9 @@ COST_WINDOW = 9      # samples of each cost the gate takes the median of
 # the gain is at most that share (less the batched head's), and below it the model's own error decides. SmolLM2's
 # (15%) edits drafted at a modelled 1.06x and ran at 0.95x the file; the 0.5B (25%) and Gemma (48%) gain (AMD Zen 4)
 HEAD_SHARE = 0.2
-MARGIN = 1.05        # modelled S a cycle must reach: what a cycle costs beyond the model (the rows' graph rebuilds,
-# Python); at 1.0 the 0.5B's chat drafted k = 1, a cycle modelled as a hair cheaper than a step, and ran at 0.95x
+MARGIN = 1.05        # modelled S a cycle must reach, here and in exact mode's cost model (costs.py): what a cycle
+# costs beyond the model (graph rebuilds, removed cells, Python) and the noise of the timings it reads; at 1.0 the
+# 0.5B's chat drafted k = 1, a cycle modelled as a hair cheaper than a step, and ran at 0.95x
 
 
 class Clock:
