@@ -7,6 +7,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from river_edge.gguf_tools.reader import open_gguf
 from river_edge.gguf_tools.tiny import write_tiny_model
 from river_edge.runtime import headrank
 from river_edge.runtime.llama import RiverLlama
@@ -40,11 +41,13 @@ def _one_token_rows(llm, toks):
     return np.array(rows), np.array(hs)
 
 
-@pytest.mark.parametrize("wtype", ["q8_0", "q4_0", "q4_1", "f16"])
+@pytest.mark.parametrize("wtype", ["q8_0", "q4_0", "q4_1", "q6_k", "f16"])   # q6_k: the Q4_K_M files' head
 def test_batched_head_rows_are_one_token_rows(tiny_dir, wtype):
     """llama_head_logits over k stored head inputs gives each row the bits a one-token decode's head gives it, for
-    every k (Q8_0 takes patch 18's two- and four-column kernels on x86)."""
-    path = write_tiny_model(tiny_dir / f"head-{wtype}.gguf", "qwen2", wtype=wtype, tie_embeddings=True, seed=7)
+    every k (Q8_0, Q4_0, Q4_1 take patch 18's two- and four-column kernels on x86, Q6_K patch 19's)."""
+    wide = dict(n_embd=256, n_head=4, n_head_kv=2, n_ff=512) if wtype.endswith("_k") else {}   # K-quant rows: 256
+    path = write_tiny_model(tiny_dir / f"head-{wtype}.gguf", "qwen2", wtype=wtype, tie_embeddings=True, seed=7, **wide)
+    assert open_gguf(path).get_tensor(0).tensor_type.name == wtype.upper()   # the head: tied to token_embd
     llm = _llm(path)
     want, hs = _one_token_rows(llm, [1, 5, 9, 200, 5, 9, 33, 7, 100, 12, 3])
     for k in (1, 2, 3, 4, 5, 8, 11):

@@ -576,7 +576,7 @@ def test_exact_over_a_quantized_backbone_is_that_files_output(tmp_path, arch, ba
     for p in PROMPTS:
         # no reset: both reuse the cached prefix alike (a cell from a 4-row batch is not a 2-row one's)
         assert _gen(ex, p) == _gen(ref, p)
-    # it drafts, unless no batch size's rows are exact on this CPU (Q4_K repacked on AVX2 departs from 2 rows)
+    # it drafts, unless no batch size's rows are exact on this CPU (a departing repacked layout on ARM)
     assert ex.stats()["drafted"] > 0 or ex.stats()["cost_model"]["exact_batch"] == 1
 
 
@@ -585,7 +585,7 @@ def test_exact_over_a_quantized_backbone_is_that_files_output(tmp_path, arch, ba
 def test_exact_with_flash_attention_over_a_quantized_backbone(tmp_path, backbone, base_type):
     """Exact mode under flash attention over a quantized backbone (a context of 256 cells: no lone row splits its KV):
     where the verification rows are invariant the probe finds no departure at any batch size; where a repacked
-    layout departs (Q4_K in CPU_REPACK on x86) it measures one and the guard decides; either way the cost model drafts
+    layout departs (the k-quants' i8mm layouts on ARM) it measures one and the guard decides; either way the cost model drafts
     on its own (no fixed k), and the output is what stock llama.cpp writes from the plain file with flash attention,
     token for token."""
     import llama_cpp

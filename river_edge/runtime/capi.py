@@ -86,12 +86,13 @@ def tensor_buft(llm: llama_cpp.Llama, name: str) -> str | None:
     return b.decode() if b is not None else None
 
 
-# Weight types whose repacked kernels (CPU_REPACK) give a row the same bits in a batch as alone, as measured by
-# tests/test_invariance.py on each CPU variant: Q4_0's gemm and gemv on x86 (Q4_K's 4-row gemm departs from its gemv);
-# on ARM (make test-arm, four emulated CPUs) Q4_0 and Q8_0 in every layout, and Q4_K and Q5_K in their dotprod layout
-# (8x4, no i8mm); Q6_K's, and the k-quants' i8mm layout (8x8), depart from 4 rows. A backbone weight held in a departing
+# Weight types whose repacked kernels (CPU_REPACK) give a row the same bits in a verification batch as alone, as
+# measured by tests/test_invariance.py on each CPU variant: on x86 Q4_0 (its gemm rows are its gemv rows) and Q4_K
+# (its 4-row gemm departs, so patches/0019 runs verification batches on the gemv, several columns at a time); on ARM
+# (make test-arm, four emulated CPUs) Q4_0 and Q8_0 in every layout, and Q4_K and Q5_K in their dotprod layout (8x4,
+# no i8mm); Q6_K's, and the k-quants' i8mm layout (8x8), depart from 4 rows. A backbone weight held in a departing
 # layout keeps exact mode on the probe's guard. macOS names ARM arm64: the same kernels, not run there.
-INVARIANT_REPACK = {"x86_64": {"Q4_0"}, "AMD64": {"Q4_0"}, "aarch64": {"Q4_0", "Q8_0"}, "arm64": {"Q4_0", "Q8_0"}}
+INVARIANT_REPACK = {"x86_64": {"Q4_0", "Q4_K"}, "AMD64": {"Q4_0", "Q4_K"}, "aarch64": {"Q4_0", "Q8_0"}, "arm64": {"Q4_0", "Q8_0"}}
 ARM_WITHOUT_I8MM = {"Q4_K", "Q5_K"}
 
 
