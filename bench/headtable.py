@@ -75,7 +75,7 @@ def _stock_text(folder: Path) -> list[str]:
             out.append(f"- {m}, {'the shipped file' if key == 'shipped' else 'the F16 upcast (its river GGUF)'}: "
                        f"{len(full)} of {len(modes)} configurations wrote the stock runtime's text on all "
                        f"{of['chat']['of']} chat and {of['edit']['of']} edit prompts ({r['tokens']} tokens, "
-                       f"build {B.build_of(r)}"
+                       f"build {f.get('build') or B.build_of(r)}"
                        + ("" if len(full) == len(modes) else
                           "; not: " + ", ".join(n for n in modes if n not in full)) + f"; `{p.name}`).")
     return out + ([""] if out else [])

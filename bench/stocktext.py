@@ -19,6 +19,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from bench import builds as B
 from bench.coverage import answer
 from bench.head import CHAT, edit_prompts
 from river_edge import zoo
@@ -90,10 +91,13 @@ def main() -> None:
         {"model": a.model, "tokens": a.tokens, "reference": "llama_cpp.Llama on the same file", "files": {}}
     if merge and out["tokens"] != a.tokens:
         ap.error(f"{rec.name} was measured at {out['tokens']} tokens: give --tokens {out['tokens']}")
+    for f in out["files"].values():   # a merge keeps what each file was measured on
+        f.setdefault("build", B.build_of(out))
     out["host"] = h
     for key, (path, river, note) in files.items():
         f = out["files"].setdefault(key, {"path": Path(path).name, "modes": {}})
         f["modes"].update(check_file(path, river, a.tokens, a.threads, a.only))
+        f["build"] = B.build_of(out)   # (a merge of some configurations: the build of the newest)
         if note:
             f["note"] = note
     rec.parent.mkdir(parents=True, exist_ok=True)
