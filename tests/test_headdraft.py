@@ -111,6 +111,24 @@ def test_head_drafting_leaves_sampling_to_the_backbone(tiny_llama_base):
     assert "sampling" in ex.stats()["spec_off"]
 
 
+def test_a_head_too_small_to_pay_hands_later_calls_to_the_backbone(tiny_llama_base):
+    """Once the clock has measured the whole head under HEAD_SHARE of a plain step, later calls decode on the
+    backbone from the start (no trimmed head, no bookkeeping) and say why; the text is the stock runtime's."""
+    stock = llama_cpp.Llama(str(tiny_llama_base), n_ctx=256, seed=0, verbose=False)
+    ex = _llm(tiny_llama_base, drafter="head")
+    want = [t for _, t in zip(range(24), stock.generate(PROMPTS[0], temp=0.0))]
+    assert [t for _, t in zip(range(24), ex.generate(PROMPTS[0], temp=0.0))] == want
+    clock = ex.decoding.active_drafter.clock
+    for what, sec, k in (("step", 0.010, 0), ("step", 0.010, 0), ("draft", 0.009, 0), ("head", 0.0016, 1)):
+        for _ in range(9):   # a whole window: the lower medians are these
+            clock.observe(what, sec, k)
+    assert clock.futile
+    drafted = ex.stats()["drafted"]
+    assert [t for _, t in zip(range(24), ex.generate(PROMPTS[0], temp=0.0))] == want
+    s = ex.stats()
+    assert "fifth of a step" in s["spec_off"] and s["drafted"] == drafted, s
+
+
 def test_the_ranking_is_built_once_per_file_and_a_damaged_one_again(tiny_qwen2_base):
     llm = _llm(tiny_qwen2_base)
     r = headrank.load_or_build(llm)

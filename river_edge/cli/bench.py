@@ -58,7 +58,7 @@ def bench(
         "--flash-attn", help="With --mode: every configuration with flash attention, under which ggml's batched "
                              "attention rounds as its one-token path does, so exact mode can speculate over "
                              "quantized backbones (`river build --backbone keep|q8_0`) as far as the start-up probe "
-                             "finds batch rows exact (all sizes measured for Q8_0; Q4_K_M on AMD Zen 4: 3 rows).")] = False,
+                             "finds batch rows exact (every size on x86, Q4_K_M included; ARM's i8mm k-quant layouts: 3 rows).")] = False,
     draft: Annotated[Optional[str], typer.Option(
         "--draft", show_default=False,
         help="Draft model of exact:draft (a GGUF with the same vocabulary, or a model name). Default: the zoo's "

@@ -147,6 +147,8 @@ class HeadDraft:
         why = ("sampling" if float(kw.get("temp", 0.8)) != 0.0 else
                "logits processors or penalties" if Transform(kw, spec.llm.last_n_tokens_size) else None)
         spec.st.spec_off = why and f"{why} (the head drafter drafts plain greedy text)"
+        if not why and self.clock.futile:
+            why = spec.st.spec_off = "the LM head is under a fifth of a step here: drafting it cannot pay"
         if why:
             yield from base_generate(tokens, **kw)
             return
