@@ -92,7 +92,8 @@ def tensor_buft(llm: llama_cpp.Llama, name: str) -> str | None:
 # (make test-arm, four emulated CPUs) Q4_0 and Q8_0 in every layout, and Q4_K and Q5_K in their dotprod layout (8x4,
 # no i8mm); Q6_K's, and the k-quants' i8mm layout (8x8), depart from 4 rows. A backbone weight held in a departing
 # layout keeps exact mode on the probe's guard. macOS names ARM arm64: the same kernels, not run there.
-INVARIANT_REPACK = {"x86_64": {"Q4_0", "Q4_K"}, "AMD64": {"Q4_0", "Q4_K"}, "aarch64": {"Q4_0", "Q8_0"}, "arm64": {"Q4_0", "Q8_0"}}
+INVARIANT_REPACK = {"x86_64": {"Q4_0", "Q4_K"}, "AMD64": {"Q4_0", "Q4_K"},
+                    "aarch64": {"Q4_0", "Q8_0"}, "arm64": {"Q4_0", "Q8_0"}}
 ARM_WITHOUT_I8MM = {"Q4_K", "Q5_K"}
 
 
